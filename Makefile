@@ -1,0 +1,23 @@
+# Every target creates .venv and installs the package on first use, so a fresh clone needs
+# nothing but Python 3.11 and this file.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# -n 2: the machine has two cores; XLA compiles dominate, so two workers halve the wall time.
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,34 @@
+"""Forward permutation traversal (PAPERS.md section 3): looped 4 x 8 against unshared 32 layers.
+
+    loopscale flops --config=experiments/permutation.py:tiny
+    loopscale flops --config=experiments/permutation.py:paper
+
+`paper` is the looped model (4-layer block iterated 8 times); the unshared baseline is
+`--config.model.n_unique=32 --config.model.n_loops=1`. `tiny` is a 2 x 2 model for smoke tests.
+"""
+
+from ml_collections import ConfigDict
+
+from loopscale.config import base_config
+
+
+def get_config(arg: str | None = "tiny") -> ConfigDict:
+    c = base_config()
+    c.name = "permutation"
+    m = c.model
+    m.injection = "repeat"
+    m.mlp = "swiglu"
+    m.param = "sp"
+    c.data.source = "permutation"
+    c.data.n_nodes, c.data.hops_min, c.data.hops_max = 16, 8, 8
+    # Token ids: nodes, then the task's special tokens (data/permutation.py); 64 covers both.
+    m.vocab_size = 64
+    if arg == "paper":
+        m.d_model, m.n_heads, m.n_unique, m.n_loops = 256, 4, 4, 8
+        c.train.steps, c.train.batch_size = 20000, 64
+    else:
+        m.d_model, m.n_heads, m.n_unique, m.n_loops = 64, 1, 2, 2
+        c.train.steps, c.train.batch_size = 50, 16
+    c.train.seq_len = 2 * c.data.n_nodes + 8
+    c.train.lr = 1e-3
+    return c

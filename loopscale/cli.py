@@ -1,0 +1,56 @@
+"""The `loopscale` console script: one subcommand per module in loopscale/commands/.
+
+Each command module exposes `register(subparsers)`, which adds its parser and sets `run`.
+Bad input raises UsageError anywhere below; here it becomes one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from loopscale.errors import UsageError
+
+# Subcommands in the order `loopscale --help` lists them.
+COMMANDS: tuple[str, ...] = ()
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line and exit 2 (argparse prints the usage too)."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = OneLineParser(prog="loopscale", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
+                                metavar="{" + ",".join(COMMANDS) + "}")
+    for name in COMMANDS:
+        importlib.import_module(f"loopscale.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `--config.a.b=v` (or `--sweep.a.b=v`) overrides are the only arguments left unparsed.
+    overrides = [a for a in extra if a.startswith(("--config.", "--sweep."))]
+    unknown = [a for a in extra if a not in overrides]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = overrides
+    try:
+        return int(args.run(args) or 0)
+    except UsageError as e:
+        sys.stderr.write(f"loopscale {args.command}: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

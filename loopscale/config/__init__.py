@@ -1,0 +1,32 @@
+"""Configuration: ConfigDict at the edge (experiment files, overrides), frozen dataclasses inside.
+
+`defaults.base_config()` holds every default; `loader.load_config` reads an experiment file with
+`--config.x.y=v` overrides; `schema.parse` validates it once into a typed `Config`."""
+
+from loopscale.config.defaults import base_config
+from loopscale.config.loader import load_config
+from loopscale.config.schema import (
+    Config,
+    DataConfig,
+    DataSource,
+    FFNKind,
+    FlopConvention,
+    Injection,
+    LossLoops,
+    MeshConfig,
+    MLPKind,
+    ModelConfig,
+    MoEDispatch,
+    Param,
+    Remat,
+    Schedule,
+    TrainConfig,
+    parse,
+    parse_model,
+)
+
+__all__ = [
+    "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LossLoops",
+    "MeshConfig", "MLPKind", "ModelConfig", "MoEDispatch", "Param", "Remat", "Schedule",
+    "TrainConfig", "base_config", "load_config", "parse", "parse_model",
+]

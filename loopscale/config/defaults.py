@@ -1,0 +1,106 @@
+"""Every default of every config field, in one place. Experiment files start from here."""
+
+from ml_collections import ConfigDict
+
+
+def base_config() -> ConfigDict:
+    c = ConfigDict()
+    c.name = "base"
+    c.seed = 0
+    # What a training FLOP counts when budgets are spent (flops.FlopConvention).
+    c.flop_convention = "6n_emb"
+
+    c.model = ConfigDict(
+        dict(
+            vocab_size=256,
+            d_model=128,
+            n_heads=2,
+            head_dim=0,
+            n_unique=2,
+            n_loops=1,
+            injection="none",
+            embed_norm=False,
+            ffn="dense",
+            mlp="swiglu",
+            d_ff=0,
+            n_experts=8,
+            top_k=2,
+            expert_d_ff=0,
+            moe_dispatch="dropless",
+            capacity_factor=1.25,
+            qk_norm=False,
+            norm_gain=False,
+            norm_eps=1e-6,
+            rope_base=10000.0,
+            logit_softcap=0.0,
+            zero_init_out=False,
+            zero_init_readout=False,
+            loss_loops="last",
+            param="mup",
+            base_d_model=128,
+            init_std=0.02,
+            attn_mult=1.0,
+            output_mult=1.0,
+            emb_mult=1.0,
+            remat="none",
+            scan=True,
+            dtype="float32",
+        )
+    )
+
+    c.train = ConfigDict(
+        dict(
+            steps=200,
+            batch_size=16,
+            seq_len=128,
+            lr=3e-3,
+            schedule="cosine",
+            warmup_steps=10,
+            decay_frac=0.2,
+            cooldown="linear",
+            min_lr_frac=0.0,
+            optimizer="adamw",
+            b1=0.9,
+            b2=0.95,
+            eps=1e-8,
+            weight_decay=0.0,
+            weight_decay_mode="coupled",
+            grad_clip=1.0,
+            grad_accum=1,
+            embed_lr=0.0,
+            head_lr=0.0,
+            z_loss_weight=0.0,
+            lb_loss_weight=0.01,
+            router_z_weight=0.001,
+            loop_choices=(),
+            intermediate_supervision=False,
+            log_every=1,
+            eval_every=50,
+            eval_batches=4,
+            checkpoint_every=50,
+            keep_checkpoints=2,
+            loop_grad_every=0,
+            peak_flops=0.0,
+        )
+    )
+
+    c.data = ConfigDict(
+        dict(
+            source="text",
+            paths="",
+            tokenizer="byte",
+            spm_vocab_size=1024,
+            val_fraction=0.01,
+            cache_dir="",
+            n_nodes=16,
+            hops_min=4,
+            hops_max=4,
+            tfds_name="",
+            tfds_data_dir="",
+            tfds_text_key="text",
+            worker_count=0,
+        )
+    )
+
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    return c

@@ -1,0 +1,10 @@
+"""The looped / MoE / muP model core (flax linen)."""
+
+from loopscale.model.mup import Role, lr_multipliers, param_roles
+from loopscale.model.params import stack_layers, unstack_layers
+from loopscale.model.transformer import LoopedLM, ModelOutputs, loss_loop_indices
+
+__all__ = [
+    "LoopedLM", "ModelOutputs", "Role", "loss_loop_indices", "lr_multipliers", "param_roles",
+    "stack_layers", "unstack_layers",
+]

@@ -1,0 +1,136 @@
+"""One transformer layer, one pass through the looped block, and one loop iteration.
+
+The five injection modes of PAPERS.md section 1 (plus plain repetition) differ only in where a
+loop's residual stream starts (`Loop`) and in two per-layer switches (`Block`):
+- FLA: the layer first restarts its stream from z = norm(x + h), h = the previous loop's output;
+- attention injection (FLT at every layer, attn_first at layer 1): queries from norm(h), keys
+  and values from norm(x), through the layer's own weights; h never enters the stream.
+On loop 1 (t = 0) every layer is plain. The switches are Python booleans on the unrolled path
+and traced booleans inside the scans, so one compiled body serves every loop and layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from loopscale.config.schema import FFNKind, Injection, ModelConfig, Remat
+from loopscale.model.attention import Attention
+from loopscale.model.ffn import MLP
+from loopscale.model.layers import RMSNorm, rms_norm
+from loopscale.model.moe import MoE
+
+
+def select(cond, if_true: Callable[[], jax.Array], if_false: Callable[[], jax.Array]) -> jax.Array:
+    """`where` for traced conditions; a plain branch when the condition is a Python bool, so
+    the unrolled path computes only what it uses."""
+    if isinstance(cond, bool):
+        return if_true() if cond else if_false()
+    return jnp.where(cond, if_true(), if_false())
+
+
+class Block(nn.Module):
+    """Pre-norm layer: u = x + Attn(q=norm(x or h), kv=norm(x)); x' = u + FFN(norm(u))."""
+
+    cfg: ModelConfig
+    collect_layers: bool = False
+
+    @nn.compact
+    def __call__(self, x_BxTxD, layer, h_BxTxD, inject, rope):
+        cfg = self.cfg
+        eps = cfg.norm_eps
+        if cfg.injection is Injection.FLA:
+            x_BxTxD = select(inject, lambda: rms_norm(x_BxTxD + h_BxTxD, eps), lambda: x_BxTxD)
+
+        attn_norm = RMSNorm(cfg, name="attn_norm")
+        xn_BxTxD = attn_norm(x_BxTxD)
+        if cfg.injection is Injection.FLT:
+            inject_here = inject
+        elif cfg.injection is Injection.ATTN_FIRST:
+            inject_here = inject & (layer == 0)
+        else:
+            inject_here = False
+        qn_BxTxD = select(inject_here, lambda: attn_norm(h_BxTxD), lambda: xn_BxTxD)
+        u_BxTxD = x_BxTxD + Attention(cfg, name="attn")(qn_BxTxD, xn_BxTxD, rope)
+
+        un_BxTxD = RMSNorm(cfg, name="ffn_norm")(u_BxTxD)
+        if cfg.ffn is FFNKind.MOE:
+            f_BxTxD, ys = MoE(cfg, name="moe")(un_BxTxD)
+        else:
+            f_BxTxD, ys = MLP(cfg, name="mlp")(un_BxTxD), {}
+        out_BxTxD = nn.with_logical_constraint(u_BxTxD + f_BxTxD, ("batch", "length", "embed"))
+        if self.collect_layers:
+            ys = {**ys, "layer_hidden": out_BxTxD}
+        return out_BxTxD, ys
+
+
+def stack_trees(trees: list) -> dict:
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+class LayerStack(nn.Module):
+    """The n_unique layers once: an `nn.scan` with params stacked on the `layers` axis, or a
+    Python loop over layers named layer_0..layer_{L-1} (convert with params.py)."""
+
+    cfg: ModelConfig
+    collect_layers: bool = False
+
+    @nn.compact
+    def __call__(self, x_BxTxD, h_BxTxD, inject, rope):
+        cfg = self.cfg
+        block_cls = Block
+        if cfg.remat is Remat.LAYER:
+            block_cls = nn.remat(Block, prevent_cse=not cfg.scan)
+        if cfg.scan:
+            scanned = nn.scan(
+                block_cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                length=cfg.n_unique,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            layers = jnp.arange(cfg.n_unique)
+            return scanned(cfg, self.collect_layers, name="layers")(x_BxTxD, layers, h_BxTxD, inject, rope)
+        ys = []
+        for layer in range(cfg.n_unique):
+            block = block_cls(cfg, self.collect_layers, name=f"layer_{layer}")
+            x_BxTxD, y = block(x_BxTxD, layer, h_BxTxD, inject, rope)
+            ys.append(y)
+        return x_BxTxD, stack_trees(ys)
+
+
+class Loop(nn.Module):
+    """Loop iteration t: where the stream starts, then the layer stack.
+
+    carry x_prev = x_L(t-1), the un-normalised stream at the end of the previous loop (for t = 0
+    the caller passes the loop-1 start). h = norm(x_prev) is what the next loop sees."""
+
+    cfg: ModelConfig
+    collect_layers: bool = False
+
+    @nn.compact
+    def __call__(self, x_prev_BxTxD, t, e_BxTxD, e0_BxTxD, rope):
+        cfg = self.cfg
+        eps = cfg.norm_eps
+        inject = t > 0
+        h_BxTxD = rms_norm(x_prev_BxTxD, eps)
+        starts = {
+            Injection.NONE: lambda: h_BxTxD,
+            Injection.INPUT: lambda: rms_norm(e_BxTxD + h_BxTxD, eps),
+            Injection.REPEAT: lambda: x_prev_BxTxD,
+        }
+        x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD), lambda: e0_BxTxD)
+        x_BxTxD, ys = LayerStack(cfg, self.collect_layers, name="stack")(x0_BxTxD, h_BxTxD, inject, rope)
+        x32 = x_BxTxD.astype(jnp.float32)
+        ys = {
+            **ys,
+            "hidden": x_BxTxD,
+            # The FLT study's residual norm: mean over tokens of ||x_L||_2, before the final norm.
+            "residual_norm": jnp.mean(jnp.linalg.norm(x32, axis=-1)),
+            "residual_rms": jnp.sqrt(jnp.mean(jnp.square(x32))),
+        }
+        return x_BxTxD, ys

@@ -1,0 +1,107 @@
+"""Width parametrisations (muP and friends) as a pure function of a weight's role and width.
+
+Every weight of the model is created through `layers.weight`, which asks `scaling(role, cfg)`
+for its init std; the forward multipliers are applied where the weight is used; and
+`lr_multipliers(params, cfg)` gives the optimiser a pytree of per-parameter LR factors. All
+three read the same table below, so init, forward pass and optimiser cannot disagree.
+
+width_mult = d_model / base_d_model; `init_std` is every weight's std at the base width, so at
+width_mult = 1 every preset is the standard parametrisation.
+
+| role      | sp             | mup (microsoft/mup, Adam)        | mup_sparse (sparse-layers study) |
+|-----------|----------------|----------------------------------|----------------------------------|
+| embedding | std s, lr 1    | std s, lr 1                      | std s, lr 1                      |
+| hidden    | std s, lr 1    | std s/sqrt(w), lr 1/w            | std s/sqrt(w), lr 1/w            |
+| readout   | std s, lr 1    | std s, lr 1, forward x 1/w       | std s/sqrt(w), lr 1/w            |
+| router    | std s, lr 1    | std s, lr 1, forward x 1/w       | std s/sqrt(w), lr 1/w            |
+| norm gain | 1, lr 1        | 1, lr 1                          | 1, lr 1                          |
+| attention | 1/sqrt(d_head) | attn_mult/d_head                 | attn_mult/d_head                 |
+
+Hidden weights have fan-in proportional to d_model (d_ff and heads*d_head scale with it), so
+"variance proportional to 1/fan_in" is s^2/w. The readout and router are "vector-like" in mup's
+sense (only their fan-in grows): mup's MuReadout keeps their init and Adam LR width-independent
+and divides their output by w. The sparse-layers study instead divides init variance and LR by
+w for every weight except the embedding and uses no multipliers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import jax
+
+from loopscale.config.schema import ModelConfig, Param
+
+
+class Role(enum.Enum):
+    EMBEDDING = "embedding"
+    HIDDEN = "hidden"
+    READOUT = "readout"
+    ROUTER = "router"
+    NORM = "norm"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    init_std: float
+    forward_mult: float
+    lr_mult: float
+
+
+def scaling(role: Role, cfg: ModelConfig) -> Scaling:
+    s, w = cfg.init_std, cfg.width_mult
+    if role is Role.NORM:
+        return Scaling(init_std=0.0, forward_mult=1.0, lr_mult=1.0)
+    if role is Role.EMBEDDING:
+        return Scaling(init_std=s, forward_mult=cfg.emb_mult, lr_mult=1.0)
+    base_forward = cfg.output_mult if role is Role.READOUT else 1.0
+    if cfg.param is Param.SP:
+        return Scaling(init_std=s, forward_mult=base_forward, lr_mult=1.0)
+    if cfg.param is Param.MUP_SPARSE:
+        return Scaling(init_std=s / math.sqrt(w), forward_mult=base_forward, lr_mult=1.0 / w)
+    # Param.MUP
+    if role is Role.HIDDEN:
+        return Scaling(init_std=s / math.sqrt(w), forward_mult=1.0, lr_mult=1.0 / w)
+    return Scaling(init_std=s, forward_mult=base_forward / w, lr_mult=1.0)
+
+
+def attention_scale(cfg: ModelConfig) -> float:
+    """Multiplier of q.k: 1/sqrt(d_head) under sp, attn_mult/d_head under both muP presets."""
+    if cfg.param is Param.SP:
+        return 1.0 / math.sqrt(cfg.d_head)
+    return cfg.attn_mult / cfg.d_head
+
+
+# Parameter leaf names -> role. Every weight the model creates is named here (a test checks it).
+ROLE_OF_NAME = {
+    "embedding": Role.EMBEDDING,
+    "unembed": Role.READOUT,
+    "router": Role.ROUTER,
+    "scale": Role.NORM,
+    "wq": Role.HIDDEN,
+    "wk": Role.HIDDEN,
+    "wv": Role.HIDDEN,
+    "wo": Role.HIDDEN,
+    "w_gate": Role.HIDDEN,
+    "w_up": Role.HIDDEN,
+    "w_down": Role.HIDDEN,
+}
+
+
+def _leaf_name(path) -> str:
+    last = path[-1]
+    return str(getattr(last, "key", getattr(last, "name", last)))
+
+
+def param_roles(params):
+    """Pytree of Role with the structure of `params` (plain or boxed arrays)."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: ROLE_OF_NAME[_leaf_name(p)], params)
+
+
+def lr_multipliers(params, cfg: ModelConfig):
+    """Pytree of per-parameter learning-rate factors, for optax (train/optimizer.py)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, _: scaling(ROLE_OF_NAME[_leaf_name(p)], cfg).lr_mult, params
+    )

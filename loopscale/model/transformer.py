@@ -1,0 +1,110 @@
+"""The decoder-only looped LM: embedding -> n_loops x (n_unique layers) -> final norm -> logits.
+
+Depth is two nested scans: the inner one over the unique layers (params stacked on `layers`),
+the outer one over loops with params broadcast, so the parameter count does not depend on the
+number of loops and the loop count can be changed at apply time (`n_loops=`), e.g. to evaluate
+trained weights at more or fewer loops. `cfg.scan=False` runs the same computation as Python
+loops (params named per layer; convert with params.py).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from loopscale.config.schema import DType, LossLoops, ModelConfig, Remat
+from loopscale.model import mup
+from loopscale.model.block import Loop, stack_trees
+from loopscale.model.layers import RMSNorm, rms_norm, rope_tables, weight
+
+
+@flax.struct.dataclass
+class ModelOutputs:
+    logits: jax.Array  # (B, T, V) float32, last loop
+    exit_logits: jax.Array | None  # (K, B, T, V) at every loop boundary, when asked for
+    loop_hidden: jax.Array  # (K, B, T, D) stream at the end of each loop, before the final norm
+    residual_norm: jax.Array  # (K,) mean over tokens of ||x_L||_2 per loop
+    residual_rms: jax.Array  # (K,) RMS of the stream per loop
+    layer_hidden: jax.Array | None  # (K, L, B, T, D) when collect_layers
+    moe: dict | None  # (K, L, ...) router statistics per loop and layer: expert_load, experts, ...
+    lb_loss: jax.Array  # load-balancing loss, mean over layer applications (0 for dense)
+    router_z: jax.Array  # router z-loss, likewise
+
+
+def loss_loop_indices(loss_loops: LossLoops, n_loops: int) -> list[int]:
+    """Loop indices (0-based) where the LM loss is taken."""
+    if loss_loops is LossLoops.ALL:
+        return list(range(n_loops))
+    if loss_loops is LossLoops.LAST_THIRD:
+        return list(range(n_loops - max(1, n_loops // 3), n_loops))
+    return [n_loops - 1]
+
+
+class LoopedLM(nn.Module):
+    cfg: ModelConfig
+    collect_layers: bool = False
+
+    def setup(self):
+        cfg = self.cfg
+        V, D = cfg.vocab_size, cfg.d_model
+        self.embedding = weight(self, "embedding", (V, D), ("vocab", "embed"), cfg)
+        self.unembed = weight(self, "unembed", (D, V), ("embed", "vocab"), cfg, zero=cfg.zero_init_readout)
+        self.final_norm = RMSNorm(cfg)
+        loop_cls = nn.remat(Loop, prevent_cse=not cfg.scan) if cfg.remat is Remat.LOOP else Loop
+        if cfg.scan:
+            loop_cls = nn.scan(
+                loop_cls,
+                variable_broadcast="params",
+                split_rngs={"params": False},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            )
+        self.loop = loop_cls(cfg, self.collect_layers)
+
+    def readout(self, x_xD: jax.Array) -> jax.Array:
+        """Final norm + unembedding (+ soft cap), shared by the last loop and every early exit."""
+        cfg = self.cfg
+        mult = mup.scaling(mup.Role.READOUT, cfg).forward_mult
+        xn = self.final_norm(x_xD)
+        logits = jnp.einsum("...d,dv->...v", xn, self.unembed.astype(xn.dtype),
+                            preferred_element_type=jnp.float32) * mult
+        if cfg.logit_softcap:
+            logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+    def __call__(self, tokens_BxT: jax.Array, n_loops: int | None = None,
+                 exit_logits: bool | None = None) -> ModelOutputs:
+        cfg = self.cfg
+        K = n_loops or cfg.n_loops
+        if exit_logits is None:
+            exit_logits = cfg.loss_loops is not LossLoops.LAST
+        dtype = jnp.bfloat16 if cfg.dtype is DType.BFLOAT16 else jnp.float32
+        emb_mult = mup.scaling(mup.Role.EMBEDDING, cfg).forward_mult
+        e_BxTxD = (jnp.take(self.embedding, tokens_BxT, axis=0) * emb_mult).astype(dtype)
+        e_BxTxD = nn.with_logical_constraint(e_BxTxD, ("batch", "length", "embed"))
+        e0_BxTxD = rms_norm(e_BxTxD, cfg.norm_eps) if cfg.embed_norm else e_BxTxD
+        rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
+
+        if cfg.scan:
+            x_BxTxD, ys = self.loop(e0_BxTxD, jnp.arange(K), e_BxTxD, e0_BxTxD, rope)
+        else:
+            x_BxTxD, per_loop = e0_BxTxD, []
+            for t in range(K):
+                x_BxTxD, y = self.loop(x_BxTxD, t, e_BxTxD, e0_BxTxD, rope)
+                per_loop.append(y)
+            ys = stack_trees(per_loop)
+
+        moe = {k: ys[k] for k in ("expert_load", "experts", "dropped_frac", "lb_loss", "router_z") if k in ys}
+        zero = jnp.zeros((), jnp.float32)
+        return ModelOutputs(
+            logits=self.readout(x_BxTxD),
+            exit_logits=self.readout(ys["hidden"]) if exit_logits else None,
+            loop_hidden=ys["hidden"],
+            residual_norm=ys["residual_norm"],
+            residual_rms=ys["residual_rms"],
+            layer_hidden=ys.get("layer_hidden"),
+            moe=moe or None,
+            lb_loss=jnp.mean(moe["lb_loss"]) if moe else zero,
+            router_z=jnp.mean(moe["router_z"]) if moe else zero,
+        )
