@@ -24,9 +24,10 @@ def load_config(spec: str, overrides: Sequence[str] = (), flag: str = "config") 
     path = spec.split(":", 1)[0]
     if not os.path.isfile(path):
         raise UsageError(f"--{flag}: no such file {path}")
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file(flag, flag_values=values, lock_config=True)
     argv = ["loopscale", f"--{flag}={spec}", *overrides]
+    values = flags.FlagValues()
+    # sys_argv: the flag defines one override flag per `--config.x` it sees there.
+    config_flags.DEFINE_config_file(flag, flag_values=values, lock_config=True, sys_argv=argv)
     try:
         values(argv)
         cfg = getattr(values, flag)

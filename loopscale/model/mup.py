@@ -5,8 +5,9 @@ for its init std; the forward multipliers are applied where the weight is used; 
 `lr_multipliers(params, cfg)` gives the optimiser a pytree of per-parameter LR factors. All
 three read the same table below, so init, forward pass and optimiser cannot disagree.
 
-width_mult = d_model / base_d_model; `init_std` is every weight's std at the base width, so at
-width_mult = 1 every preset is the standard parametrisation.
+width_mult = w = d_model / base_d_model; `init_std` = s is every weight's std at the base width;
+a = attn_mult; the readout's forward multiplier is also scaled by output_mult in every preset.
+At w = 1 the presets differ only in the attention scale.
 
 | role      | sp             | mup (microsoft/mup, Adam)        | mup_sparse (sparse-layers study) |
 |-----------|----------------|----------------------------------|----------------------------------|
@@ -15,7 +16,7 @@ width_mult = 1 every preset is the standard parametrisation.
 | readout   | std s, lr 1    | std s, lr 1, forward x 1/w       | std s/sqrt(w), lr 1/w            |
 | router    | std s, lr 1    | std s, lr 1, forward x 1/w       | std s/sqrt(w), lr 1/w            |
 | norm gain | 1, lr 1        | 1, lr 1                          | 1, lr 1                          |
-| attention | 1/sqrt(d_head) | attn_mult/d_head                 | attn_mult/d_head                 |
+| attention | a/sqrt(d_head) | a/d_head                         | a/d_head                         |
 
 Hidden weights have fan-in proportional to d_model (d_ff and heads*d_head scale with it), so
 "variance proportional to 1/fan_in" is s^2/w. The readout and router are "vector-like" in mup's
@@ -68,9 +69,10 @@ def scaling(role: Role, cfg: ModelConfig) -> Scaling:
 
 
 def attention_scale(cfg: ModelConfig) -> float:
-    """Multiplier of q.k: 1/sqrt(d_head) under sp, attn_mult/d_head under both muP presets."""
+    """Multiplier of q.k: attn_mult/sqrt(d_head) under sp, attn_mult/d_head under both muP
+    presets (muP's 1/d keeps attention logits Theta(1) once q and k align during training)."""
     if cfg.param is Param.SP:
-        return 1.0 / math.sqrt(cfg.d_head)
+        return cfg.attn_mult / math.sqrt(cfg.d_head)
     return cfg.attn_mult / cfg.d_head
 
 

@@ -1,0 +1,104 @@
+"""A direct, unoptimised transcription of PAPERS.md's equations, written independently of
+loopscale.model, to test the model against. It reads the unrolled parameter layout
+(loop/stack/layer_<l>/...) and supports gain-free norms, dense FFNs, every injection mode."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rms(x, eps=1e-6):
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rope(x_BxTxHxK, base):
+    """Rotary positions as a complex rotation of (first half, second half) pairs."""
+    T, K = x_BxTxHxK.shape[1], x_BxTxHxK.shape[-1]
+    half = K // 2
+    freqs = base ** (-np.arange(half) * 2.0 / K)
+    theta = np.arange(T)[:, None] * freqs[None, :]
+    rot = jnp.asarray(np.exp(1j * theta))[None, :, None, :]
+    z = (x_BxTxHxK[..., :half] + 1j * x_BxTxHxK[..., half:]) * rot
+    return jnp.concatenate([z.real, z.imag], axis=-1)
+
+
+def attention(p, xq, xkv, cfg):
+    q = jnp.einsum("btd,dhk->bthk", xq, p["wq"])
+    k = jnp.einsum("btd,dhk->bthk", xkv, p["wk"])
+    v = jnp.einsum("btd,dhk->bthk", xkv, p["wv"])
+    if cfg.qk_norm:
+        q, k = rms(q), rms(k)
+    q, k = rope(q, cfg.rope_base), rope(k, cfg.rope_base)
+    T = xq.shape[1]
+    scale = cfg.attn_mult / (np.sqrt(cfg.d_head) if cfg.param.value == "sp" else cfg.d_head)
+    scores = jnp.einsum("bthk,bshk->bhts", q, k) * scale
+    scores = jnp.where(np.tril(np.ones((T, T), bool)), scores, -1e30)
+    out = jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(scores, axis=-1), v)
+    return jnp.einsum("bthk,hkd->btd", out, p["wo"])
+
+
+def mlp(p, x, cfg):
+    up = x @ p["w_up"]
+    kind = cfg.mlp.value
+    if kind == "swiglu":
+        h = jax.nn.silu(x @ p["w_gate"]) * up
+    elif kind == "gelu":
+        h = jax.nn.gelu(up)
+    else:
+        h = jax.nn.relu(up) ** 2
+    return h @ p["w_down"]
+
+
+def plain_layer(p, x, cfg):
+    u = x + attention(p["attn"], rms(x), rms(x), cfg)
+    return u + mlp(p["mlp"], rms(u), cfg)
+
+
+def injected_layer(p, x, h, cfg):
+    """Attention injection: queries from norm(h), keys/values from norm(x); h is not added."""
+    u = x + attention(p["attn"], rms(h), rms(x), cfg)
+    return u + mlp(p["mlp"], rms(u), cfg)
+
+
+def forward(params, tokens, cfg, n_loops=None):
+    K = n_loops or cfg.n_loops
+    mode = cfg.injection.value
+    layers = [params["loop"]["stack"][f"layer_{l}"] for l in range(cfg.n_unique)]
+    e = params["embedding"][tokens]
+    x0 = rms(e) if cfg.embed_norm else e
+    x = x0
+    for layer in layers:  # loop 1: the plain stack on x_0^(1)
+        x = plain_layer(layer, x, cfg)
+    for _ in range(1, K):
+        h = rms(x)
+        if mode == "none":
+            x = h
+            for layer in layers:
+                x = plain_layer(layer, x, cfg)
+        elif mode == "input":
+            x = rms(e + h)
+            for layer in layers:
+                x = plain_layer(layer, x, cfg)
+        elif mode == "attn_first":
+            x = injected_layer(layers[0], x0, h, cfg)
+            for layer in layers[1:]:
+                x = plain_layer(layer, x, cfg)
+        elif mode == "fla":
+            x = x0
+            for layer in layers:
+                x = plain_layer(layer, rms(x + h), cfg)
+        elif mode == "flt":
+            x = x0
+            for layer in layers:
+                x = injected_layer(layer, x, h, cfg)
+        elif mode == "repeat":
+            for layer in layers:
+                x = plain_layer(layer, x, cfg)
+        else:
+            raise ValueError(mode)
+    logits = rms(x) @ params["unembed"] * cfg.output_mult
+    if cfg.param.value == "mup":
+        logits = logits / cfg.width_mult
+    if cfg.logit_softcap:
+        logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+    return logits

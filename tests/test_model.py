@@ -1,0 +1,153 @@
+"""The looped model: scan == Python loops, every injection mode == its equations, parameter
+counts independent of mode and loop count, logical axes on every parameter."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+from helpers import init_params, n_params, tiny_model_config, tokens, unrolled
+
+from loopscale.config import Injection, Remat
+from loopscale.config.schema import DType
+from loopscale.model import LoopedLM, stack_layers, unstack_layers
+
+MODES = [m.value for m in Injection]
+TOKENS = tokens()
+
+
+@pytest.fixture(scope="module")
+def params_by_mode():
+    """Scanned params per mode (all modes share shapes, so one init serves all)."""
+    cfg = tiny_model_config()
+    params = init_params(cfg, TOKENS)
+    return cfg, params
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_matches_hand_written_equations(params_by_mode, mode):
+    cfg, params = params_by_mode
+    cfg = dataclasses.replace(cfg, injection=Injection(mode), embed_norm=True, qk_norm=True)
+    out = LoopedLM(cfg).apply({"params": params}, TOKENS)
+    want = reference.forward(unstack_layers(params, cfg.n_unique), TOKENS, cfg)
+    np.testing.assert_allclose(out.logits, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["none", "fla", "flt", "attn_first"])
+def test_scan_and_python_loops_agree(params_by_mode, mode):
+    cfg, params = params_by_mode
+    cfg = dataclasses.replace(cfg, injection=Injection(mode))
+    scanned = LoopedLM(cfg, collect_layers=True).apply({"params": params}, TOKENS)
+    flat = unstack_layers(params, cfg.n_unique)
+    looped = LoopedLM(unrolled(cfg), collect_layers=True).apply({"params": flat}, TOKENS)
+    for a, b in [(scanned.logits, looped.logits), (scanned.loop_hidden, looped.loop_hidden),
+                 (scanned.layer_hidden, looped.layer_hidden),
+                 (scanned.residual_norm, looped.residual_norm)]:
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_layer_param_layouts_round_trip(params_by_mode):
+    cfg, params = params_by_mode
+    back = stack_layers(unstack_layers(params, cfg.n_unique), cfg.n_unique)
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    # The unrolled model initialises exactly the unrolled layout.
+    shapes = jax.eval_shape(lambda: init_params(unrolled(cfg), TOKENS))
+    assert jax.tree.structure(shapes) == jax.tree.structure(unstack_layers(params, cfg.n_unique))
+
+
+def test_parameter_count_independent_of_mode_and_loops():
+    counts = {}
+    for mode in MODES:
+        for loops in (1, 4):
+            cfg = tiny_model_config(injection=mode, n_loops=loops)
+            shapes = jax.eval_shape(lambda c=cfg: init_params(c, TOKENS))
+            counts[(mode, loops)] = n_params(shapes)
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_loop_count_can_change_at_apply_time(params_by_mode):
+    cfg, params = params_by_mode
+    cfg = dataclasses.replace(cfg, injection=Injection.FLT, embed_norm=True)
+    model = LoopedLM(cfg)
+    for loops in (1, 5):
+        out = model.apply({"params": params}, TOKENS, n_loops=loops)
+        assert out.loop_hidden.shape[0] == loops and out.residual_norm.shape == (loops,)
+        want = reference.forward(unstack_layers(params, cfg.n_unique), TOKENS, cfg, n_loops=loops)
+        np.testing.assert_allclose(out.logits, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("remat", ["layer", "loop"])
+def test_remat_changes_nothing_numerically(params_by_mode, remat):
+    cfg, params = params_by_mode
+
+    def loss(p, c):
+        return jnp.mean(LoopedLM(c).apply({"params": p}, TOKENS).logits ** 2)
+
+    g0 = jax.grad(loss)(params, cfg)
+    g1 = jax.grad(loss)(params, dataclasses.replace(cfg, remat=Remat(remat)))
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_every_parameter_has_logical_axes():
+    for ffn in ("dense", "moe"):
+        cfg = tiny_model_config(ffn=ffn, norm_gain=True)
+        boxed = jax.eval_shape(lambda c=cfg: LoopedLM(c).init(jax.random.PRNGKey(0), TOKENS))["params"]
+        leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+        for leaf in leaves:
+            assert isinstance(leaf, nn.Partitioned), leaf
+            assert len(leaf.names) == leaf.value.ndim
+        layer_leaves = jax.tree.leaves(boxed["loop"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
+        assert all(leaf.names[0] == "layers" for leaf in layer_leaves)
+        if ffn == "moe":
+            experts = boxed["loop"]["stack"]["layers"]["moe"]["w_up"]
+            assert experts.names == ("layers", "expert", "embed", "mlp")
+
+
+def test_residual_norm_is_mean_token_l2_norm(params_by_mode):
+    cfg, params = params_by_mode
+    out = LoopedLM(cfg).apply({"params": params}, TOKENS)
+    want = jnp.mean(jnp.linalg.norm(out.loop_hidden, axis=-1), axis=(1, 2))
+    np.testing.assert_allclose(out.residual_norm, want, rtol=1e-6)
+
+
+def test_exit_logits_use_the_shared_readout(params_by_mode):
+    cfg, params = params_by_mode
+    model = LoopedLM(cfg)
+    out = model.apply({"params": params}, TOKENS, exit_logits=True)
+    assert out.exit_logits.shape == (cfg.n_loops, *out.logits.shape)
+    np.testing.assert_allclose(out.exit_logits[-1], out.logits, atol=1e-6)
+    middle = model.apply({"params": params}, out.loop_hidden[0], method=LoopedLM.readout)
+    np.testing.assert_allclose(out.exit_logits[0], middle, atol=1e-6)
+
+
+def test_zero_init_output_projections_make_blocks_identity():
+    cfg = tiny_model_config(zero_init_out=True, injection="repeat", embed_norm=True)
+    params = init_params(cfg, TOKENS)
+    out = LoopedLM(cfg).apply({"params": params}, TOKENS)
+    e = params["embedding"][TOKENS]
+    x0 = e / jnp.sqrt(jnp.mean(e * e, axis=-1, keepdims=True) + cfg.norm_eps)
+    for t in range(cfg.n_loops):
+        np.testing.assert_allclose(out.loop_hidden[t], x0, atol=1e-5)
+
+
+def test_softcap_bounds_logits():
+    cfg = tiny_model_config(logit_softcap=0.5, init_std=1.0)
+    params = init_params(cfg, TOKENS)
+    logits = LoopedLM(cfg).apply({"params": params}, TOKENS).logits
+    assert float(jnp.max(jnp.abs(logits))) <= 0.5
+    assert float(jnp.max(jnp.abs(logits))) > 0.4  # the cap is reached, so it was applied
+
+
+def test_bfloat16_activations_stay_close_to_float32(params_by_mode):
+    cfg, params = params_by_mode
+    f32 = LoopedLM(cfg).apply({"params": params}, TOKENS).logits
+    bf16 = LoopedLM(dataclasses.replace(cfg, dtype=DType.BFLOAT16)).apply({"params": params}, TOKENS).logits
+    assert bf16.dtype == jnp.float32  # logits are always float32
+    gap = float(jnp.max(jnp.abs(bf16 - f32)))
+    assert 0 < gap < 0.05, gap  # rounded (so bf16 really ran), but close
