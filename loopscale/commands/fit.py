@@ -1,0 +1,121 @@
+"""`loopscale fit TABLE --out=fit.json`: IsoFLOP minima, power laws, the parametric fit and
+bootstrap intervals per family, and the family comparison (loopscale/scaling/fit.py has the
+fit.json schema). Prints a short table; warnings (e.g. edge minima) go to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from loopscale.errors import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fit", help="fit scaling laws to a results table",
+        description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("table", help="results table, .csv or .parquet: params, tokens, loss "
+                   "[, flops, family, status, budget, params_unique]")
+    p.add_argument("--out", required=True, help="where to write fit.json")
+    p.add_argument("--params-column", default="params",
+                   help="parameter count to fit against (e.g. params_active, params_unique)")
+    p.add_argument("--tokens-column", default="tokens")
+    p.add_argument("--loss-column", default="loss")
+    p.add_argument("--flops-column", default="flops",
+                   help="compute column; without it C = 6 * params * tokens")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="bootstrap resamples for the intervals (0: none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
+    p.add_argument("--level", type=float, default=0.95, help="interval coverage")
+    p.add_argument("--spline", action="store_true",
+                   help="per-budget minimum from a smoothing spline instead of a parabola")
+    p.add_argument("--weighted", action="store_true",
+                   help="weight IsoFLOP power laws by each minimum's bootstrap variance")
+    p.add_argument("--grid", choices=("hoffmann", "small"), default="hoffmann",
+                   help="parametric starting grid: hoffmann (4,500 starts, the published "
+                   "protocol) or small (108, quick looks)")
+    p.add_argument("--budget-tolerance", type=float, default=0.02, metavar="DEX",
+                   help="without a budget column, runs whose log10 flops agree within this "
+                   "form one budget")
+    p.add_argument("--compare", action="append", metavar="REF,OTHER",
+                   help="family pair to compare (repeatable; default: every pair)")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--target-loss", type=float,
+                        help="compare families at this loss")
+    target.add_argument("--target-compute", type=float,
+                        help="compare at the reference's loss at this compute (default: the "
+                        "largest compute both families reached)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so `loopscale --help` and other commands do not load scipy/pandas.
+    from loopscale.scaling import FitError
+    from loopscale.scaling import fit as fitting
+    from loopscale.scaling.table import Columns, read_table
+
+    if args.bootstrap < 0:
+        raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must be between 0 and 1, got {args.level}")
+    if args.budget_tolerance <= 0:
+        raise UsageError(f"--budget-tolerance must be > 0, got {args.budget_tolerance}")
+    for name in ("target_loss", "target_compute"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+    columns = Columns(params=args.params_column, tokens=args.tokens_column,
+                      loss=args.loss_column, flops=args.flops_column)
+    table = read_table(args.table, columns)
+    pairs = _pairs(args.compare, table.families)
+    options = fitting.FitOptions(
+        bootstrap=args.bootstrap, seed=args.seed, level=args.level, spline=args.spline,
+        weighted=args.weighted, grid=args.grid, budget_tolerance=args.budget_tolerance,
+        pairs=pairs, target_loss=args.target_loss, target_compute=args.target_compute)
+    try:
+        result = fitting.fit_results(table, options)
+    except FitError as e:
+        raise UsageError(str(e)) from e
+    doc = fitting.to_json(result)
+    _write_atomically(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    for line in doc["warnings"]:
+        sys.stderr.write(f"loopscale fit: warning: {line}\n")
+    print(fitting.summary_table(doc))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _pairs(specs: list[str] | None, families: tuple[str, ...]
+           ) -> tuple[tuple[str, str], ...] | None:
+    if not specs:
+        return None
+    pairs = []
+    for spec in specs:
+        parts = [s.strip() for s in spec.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise UsageError(f"--compare takes REF,OTHER, got {spec!r}")
+        for name in parts:
+            if name not in families:
+                raise UsageError(f"--compare: no family {name!r} in the table "
+                                 f"(families: {', '.join(families)})")
+        pairs.append((parts[0], parts[1]))
+    return tuple(pairs)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    # A crash mid-write must not leave a truncated fit.json over a good one.
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".fit-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,331 @@
+"""`loopscale fit`: every fit per family, bootstrap intervals, family comparison -> fit.json.
+
+fit.json schema (version 1). Every figure X has its interval beside it as X_ci = [low, high]
+(percentile bootstrap at `options.level`, null without bootstrap or when X is not
+identifiable); a figure that could not be fitted is null. Numbers are plain JSON floats.
+
+  schema_version     1
+  table              source (file name), rows, fitted, excluded (counts),
+                     params_column, tokens_column, loss_column,
+                     flops    how C was obtained: "column flops" or "6*params*tokens"
+                     budgets  "column budget" or "log10(flops) grouped within 0.02 dex"
+  options            bootstrap (resamples), seed, level, spline, weighted, grid, huber_delta,
+                     budget_tolerance_dex, target_loss, target_compute
+  families.NAME      one per family (`all` when the table has no family column):
+    runs, max_flops
+    isoflop          Chinchilla approach 2 (isoflop.py):
+                       a, a_coef       N_opt = a_coef * C^a
+                       b, b_coef       D_opt = b_coef * C^b
+                       alpha, A        L_opt = A * C^-alpha
+                       E, alpha_E, A_E L_opt = E + A_E * C^-alpha_E
+                       alpha_N, A_N    L_opt = A_N * N_opt^-alpha_N
+                       alpha_U, A_U    L_opt = A_U * U_opt^-alpha_U  } U = unique params at
+                       u, u_coef       U_opt = u_coef * C^u        } the optimum; null
+                                                                     without params_unique
+                       method ("parabola" | "spline"), weighted, budgets_used,
+                       skipped (null, or why no power law was fitted),
+                       bootstrap {resamples, failed, resampling: "runs within each budget"},
+                       minima: [{budget, runs, sizes, method, params_opt, tokens_opt,
+                                 loss_opt (each with _ci), params_unique_opt, on_edge, used,
+                                 reason, sd_log_params/tokens/loss (weighted fits)}]
+    parametric       Chinchilla approach 3 (parametric.py):
+                       E, A, B, alpha, beta   L = E + A/N^alpha + B/D^beta
+                       G, a, b         N_opt = G (C/6)^a, D_opt = (C/6)^b / G  (C = 6ND)
+                       objective (summed Huber loss), points, starts, converged, grid,
+                       skipped, bootstrap {resamples, failed, resampling, warm_starts}
+  comparison         exponents: {isoflop|parametric: {figure: {FAMILY: v, FAMILY_ci: [l, h]}}}
+                     pairs: [{reference, other, target ("loss"|"compute"), target_compute,
+                              target_loss, compute_multiplier (IsoFLOP pure law),
+                              target_loss_saturating, compute_multiplier_saturating,
+                              target_loss_parametric, compute_multiplier_parametric,
+                              unique_params_ratio, unique_params_saving,
+                              unique_params_ratio_saturating, unique_params_saving_saturating
+                              (each multiplier, ratio and saving with _ci)}]  (compare.py)
+  excluded           [{row, run, family, status, reason}]: input rows not fitted
+  warnings           [str]: e.g. a budget whose minimum is on the edge of its size grid
+
+Seeds: the resamples of family F come from np.random.default_rng([seed, crc32(F), k]) with k
+= 0 (IsoFLOP weights), 1 (IsoFLOP bootstrap), 2 (parametric bootstrap), so a family's
+intervals depend on the seed and its own runs only, not on which other families are present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loopscale.scaling import FitError
+from loopscale.scaling import compare as cmp
+from loopscale.scaling import isoflop as iso
+from loopscale.scaling import parametric as par
+from loopscale.scaling import table as tbl
+from loopscale.scaling.bootstrap import Bootstrap
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    bootstrap: int = 1000
+    seed: int = 0
+    level: float = 0.95
+    spline: bool = False
+    weighted: bool = False
+    grid: str = "hoffmann"
+    huber_delta: float = par.HUBER_DELTA
+    budget_tolerance: float = iso.BUDGET_TOLERANCE_DEX
+    pairs: tuple[tuple[str, str], ...] | None = None  # None: every pair (compare.default_pairs)
+    target_loss: float | None = None
+    target_compute: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyFit:
+    name: str
+    n_runs: int
+    max_flops: float
+    isoflop: iso.IsoFlopFit
+    isoflop_boot: Bootstrap | None
+    parametric: par.ParametricFit | None
+    parametric_skipped: str | None
+    parametric_boot: Bootstrap | None
+
+    def figures(self) -> cmp.FamilyFigures:
+        """The view compare.py works on."""
+        laws, pfit = self.isoflop.laws, self.parametric
+        return cmp.FamilyFigures(
+            name=self.name, max_flops=self.max_flops,
+            isoflop=None if laws is None else laws.figures(),
+            isoflop_samples=None if self.isoflop_boot is None else self.isoflop_boot.samples,
+            isoflop_ci=None if self.isoflop_boot is None else self.isoflop_boot.intervals(),
+            parametric=None if pfit is None else pfit.figures(),
+            parametric_samples=None if self.parametric_boot is None
+            else self.parametric_boot.samples,
+            parametric_ci=None if self.parametric_boot is None
+            else self.parametric_boot.intervals())
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    table: tbl.ResultsTable
+    options: FitOptions
+    families: tuple[FamilyFit, ...]
+    pairs: tuple[cmp.PairComparison, ...]
+    warnings: tuple[str, ...]
+
+
+def family_rng(seed: int, family: str, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(family.encode()), stream])
+
+
+def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> FamilyFit:
+    runs = table.family(name)
+    n, d, loss, flops = (runs[c].to_numpy(dtype=float)
+                         for c in (tbl.PARAMS, tbl.TOKENS, tbl.LOSS, tbl.FLOPS))
+    unique = runs[tbl.UNIQUE].to_numpy(dtype=float) if table.has_unique else None
+    budgets = (runs[tbl.BUDGET].to_numpy(dtype=float) if table.has_budget
+               else iso.assign_budgets(flops, options.budget_tolerance))
+
+    isofit = iso.fit_isoflop(budgets, n, d, loss, unique, options.spline, options.weighted,
+                             family_rng(options.seed, name, 0))
+    iso_boot = None
+    if isofit.laws is not None and options.bootstrap > 0:
+        iso_boot = iso.bootstrap_isoflop(isofit, budgets, n, d, loss, unique, options.bootstrap,
+                                         family_rng(options.seed, name, 1), options.level)
+
+    pfit, skipped, p_boot = None, None, None
+    try:
+        pfit = par.fit_parametric(n, d, loss, par.grid_starts(options.grid), options.huber_delta)
+    except FitError as e:
+        skipped = str(e)
+    if pfit is not None and options.bootstrap > 0:
+        p_boot = par.bootstrap_parametric(pfit, n, d, loss, options.bootstrap,
+                                          family_rng(options.seed, name, 2),
+                                          options.huber_delta, options.level)
+    return FamilyFit(name=name, n_runs=len(runs), max_flops=float(flops.max()), isoflop=isofit,
+                     isoflop_boot=iso_boot, parametric=pfit, parametric_skipped=skipped,
+                     parametric_boot=p_boot)
+
+
+def fit_results(table: tbl.ResultsTable, options: FitOptions = FitOptions()) -> FitResult:
+    families = tuple(fit_family(name, table, options) for name in table.families)
+    by_name = {f.name: f for f in families}
+    pairs = options.pairs if options.pairs is not None else cmp.default_pairs(table.families)
+    comparisons = []
+    for ref, other in pairs:
+        if ref not in by_name or other not in by_name:
+            missing = ref if ref not in by_name else other
+            raise FitError(f"no family {missing!r} to compare (families: "
+                           f"{', '.join(by_name)})")
+        comparisons.append(cmp.compare_pair(by_name[ref].figures(), by_name[other].figures(),
+                                            options.target_loss, options.target_compute,
+                                            options.level))
+    return FitResult(table=table, options=options, families=families,
+                     pairs=tuple(comparisons), warnings=tuple(_warnings(families)))
+
+
+def _warnings(families: Sequence[FamilyFit]) -> list[str]:
+    out = []
+    for fam in families:
+        sparse = [m for m in fam.isoflop.minima if not m.used and m.n_sizes < 3]
+        for m in fam.isoflop.minima:
+            if not m.used and m.n_sizes >= 3:
+                out.append(f"family {fam.name}: budget {m.budget:.3g}: {m.reason}; "
+                           "left out of the IsoFLOP power laws")
+        if sparse:
+            # One line, not one per budget: a table that is not an IsoFLOP sweep has many.
+            out.append(f"family {fam.name}: {len(sparse)} budget(s) with under 3 model sizes "
+                       f"({', '.join(f'{m.budget:.3g}' for m in sparse[:5])}"
+                       f"{', ...' if len(sparse) > 5 else ''}) left out of the IsoFLOP fit")
+        if fam.isoflop.laws is None:
+            out.append(f"family {fam.name}: no IsoFLOP fit: {fam.isoflop.reason}")
+        if fam.parametric_skipped:
+            out.append(f"family {fam.name}: no parametric fit: {fam.parametric_skipped}")
+    return out
+
+
+# --- fit.json -----------------------------------------------------------------------------
+
+def to_json(result: FitResult) -> dict[str, Any]:
+    t, o = result.table, result.options
+    cols = t.columns
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "table": {
+            "source": t.source, "rows": t.n_rows, "fitted": len(t.runs),
+            "excluded": len(t.excluded), "params_column": cols.params,
+            "tokens_column": cols.tokens, "loss_column": cols.loss, "flops": t.flops_source,
+            "budgets": (f"column {cols.budget}" if t.has_budget else
+                        f"log10(flops) grouped within {o.budget_tolerance:g} dex"),
+        },
+        "options": {
+            "bootstrap": o.bootstrap, "seed": o.seed, "level": o.level, "spline": o.spline,
+            "weighted": o.weighted, "grid": o.grid, "huber_delta": o.huber_delta,
+            "budget_tolerance_dex": o.budget_tolerance, "target_loss": o.target_loss,
+            "target_compute": o.target_compute,
+        },
+        "families": {f.name: _family_json(f, result) for f in result.families},
+        "comparison": {
+            "exponents": cmp.exponents_side_by_side([f.figures() for f in result.families]),
+            "pairs": [p.to_json() for p in result.pairs],
+        },
+        "excluded": [e.to_json() for e in t.excluded],
+        "warnings": list(result.warnings),
+    }
+    return _clean(doc)
+
+
+def _with_ci(figures: dict[str, float], boot: Bootstrap | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in figures.items():
+        out[name] = value
+        out[f"{name}_ci"] = None if boot is None else boot.interval(name)
+    return out
+
+
+def _family_json(fam: FamilyFit, result: FitResult) -> dict[str, Any]:
+    isofit, boot = fam.isoflop, fam.isoflop_boot
+    laws = (isofit.laws.figures() if isofit.laws is not None
+            else dict.fromkeys(iso.FIGURES, None))
+    isoflop = _with_ci(laws, boot)
+    isoflop.update(
+        method=isofit.method, weighted=isofit.weighted, budgets_used=isofit.n_used,
+        skipped=isofit.reason,
+        bootstrap=None if boot is None else {
+            "resamples": boot.n_resamples, "failed": boot.n_failed,
+            "resampling": "runs within each budget"},
+        minima=[_minimum_json(i, m, boot, result) for i, m in enumerate(isofit.minima)])
+
+    pfit, pboot = fam.parametric, fam.parametric_boot
+    figures = pfit.figures() if pfit is not None else dict.fromkeys(par.FIGURES, None)
+    parametric = _with_ci(figures, pboot)
+    parametric.update(
+        objective=None if pfit is None else pfit.objective,
+        points=fam.n_runs, starts=None if pfit is None else pfit.n_starts,
+        converged=None if pfit is None else pfit.n_converged, grid=result.options.grid,
+        skipped=fam.parametric_skipped,
+        bootstrap=None if pboot is None else {
+            "resamples": pboot.n_resamples, "failed": pboot.n_failed, "resampling": "runs",
+            "warm_starts": len(pfit.warm_starts)})
+    return {"runs": fam.n_runs, "max_flops": fam.max_flops, "isoflop": isoflop,
+            "parametric": parametric}
+
+
+def _minimum_json(i: int, m: iso.BudgetMinimum, boot: Bootstrap | None,
+                  result: FitResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"budget": m.budget, "runs": m.n_runs, "sizes": m.n_sizes,
+                           "method": m.method}
+    for name in iso.MIN_FIGURES:
+        out[name] = getattr(m, name)
+        out[f"{name}_ci"] = None if boot is None else boot.interval(iso.minimum_figure(i, name))
+    if result.table.has_unique:
+        out["params_unique_opt"] = m.params_unique_opt
+    out.update(on_edge=m.on_edge, used=m.used, reason=m.reason)
+    if result.options.weighted:
+        out.update(sd_log_params=m.sd_log_params, sd_log_tokens=m.sd_log_tokens,
+                   sd_log_loss=m.sd_log_loss)
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready: numpy scalars to Python, tuples to lists, NaN and inf to null."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+# --- the printed table --------------------------------------------------------------------
+
+SUMMARY = {"isoflop": ("a", "b", "alpha", "E", "alpha_E", "alpha_N"),
+           "parametric": ("E", "A", "B", "alpha", "beta", "a", "b")}
+
+
+def summary_table(doc: dict[str, Any]) -> str:
+    """A short text table of fit.json's main figures and comparisons."""
+    t = doc["table"]
+    level = f"{100 * doc['options']['level']:g}% CI"
+    lines = [(f"{t['source']}: {t['fitted']} runs fitted, {t['excluded']} excluded; "
+              f"N = {t['params_column']}, C = {t['flops']}"),
+             f"{'family':<14}{'fit':<12}{'figure':<10}{'value':>12}  {level}"]
+    for name, fam in doc["families"].items():
+        for approach, figures in SUMMARY.items():
+            fit = fam[approach]
+            if fit.get("skipped") and all(fit.get(f) is None for f in figures):
+                lines.append(f"{name:<14}{approach:<12}skipped: {fit['skipped']}")
+                continue
+            for fig in figures:
+                lines.append(f"{name:<14}{approach:<12}{fig:<10}{_num(fit.get(fig)):>12}  "
+                             f"{_interval(fit.get(fig + '_ci'))}")
+    for p in doc["comparison"]["pairs"]:
+        at = (f"C={_num(p['target_compute'])}" if p["target"] == "compute"
+              else f"L={_num(p['target_loss'])}")
+        parts = [f"{label} x{_num(p[key])} {_interval(p[key + '_ci'])}".rstrip()
+                 for label, key in (("compute (pure law)", "compute_multiplier"),
+                                    ("saturating", "compute_multiplier_saturating"),
+                                    ("parametric", "compute_multiplier_parametric"),
+                                    ("unique params", "unique_params_ratio"),
+                                    ("saturating", "unique_params_ratio_saturating"))
+                 if p[key] is not None]
+        lines.append(f"{p['other']} vs {p['reference']} at {at}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _interval(ci: Any) -> str:
+    return "" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]"
