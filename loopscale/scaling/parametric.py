@@ -26,14 +26,12 @@ The compute-optimal allocation under C = 6 N D (d/dN of L at fixed C set to zero
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import itertools
-import os
 from collections.abc import Iterator
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 from scipy.optimize import minimize
 
 from loopscale.scaling import FitError
@@ -219,62 +217,14 @@ def _distinct(thetas: list[np.ndarray], extra: int = N_EXTRA_WARM_STARTS) -> tup
 # --- BLAS threads -------------------------------------------------------------------------
 # threadpoolctl does this properly when it is installed; otherwise talk to the OpenBLAS
 # libraries numpy and scipy load (their wheels name the entry points with these prefixes).
-_OPENBLAS_SETTERS = (("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
-                     ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-                     ("openblas_set_num_threads", "openblas_get_num_threads"),
-                     ("openblas_set_num_threads64_", "openblas_get_num_threads64_"))
 
 
 @contextlib.contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """Holds BLAS to one thread inside the block and restores the previous count after it."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        threadpool_limits = None
-    if threadpool_limits is not None:
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield
-        return
-    restore = []
-    for set_fn, get_fn in _openblas_entry_points():
-        restore.append((set_fn, int(get_fn())))
-        set_fn(1)
-    try:
+    """Holds BLAS to one thread inside the block: the objective's small matrix products are
+    ~20x slower when OpenBLAS spreads them over threads."""
+    with threadpool_limits(limits=1, user_api="blas"):
         yield
-    finally:
-        for set_fn, before in restore:
-            set_fn(before)
-
-
-@functools.cache
-def _openblas_entry_points() -> tuple:
-    # Looked up once: numpy's and scipy's OpenBLAS are both loaded by this module's imports.
-    found = []
-    for path in _loaded_libraries("openblas"):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for set_name, get_name in _OPENBLAS_SETTERS:
-            if hasattr(lib, set_name) and hasattr(lib, get_name):
-                found.append((getattr(lib, set_name), getattr(lib, get_name)))
-                break
-    return tuple(found)
-
-
-def _loaded_libraries(word: str) -> list[str]:
-    # Linux lists the process's mapped files here; elsewhere there is nothing to do cheaply.
-    maps = "/proc/self/maps"
-    if not os.path.exists(maps):
-        return []
-    found = []
-    with open(maps) as f:
-        for line in f:
-            path = line.split()[-1] if line.strip() else ""
-            if word in os.path.basename(path).lower() and path not in found:
-                found.append(path)
-    return found
 
 
 def bootstrap_parametric(full: ParametricFit, params: np.ndarray, tokens: np.ndarray,
