@@ -1,0 +1,129 @@
+"""Parameter and FLOP accounting (loopscale/flops.py) against the real parameter tree, the
+studies' published sizes and XLA's count of the compiled training step."""
+
+import dataclasses
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from loopscale import cli, flops
+from loopscale.config import FlopConvention, load_config, parse
+from loopscale.model import LoopedLM
+from loopscale.xla_cost import xla_flops_per_token_train
+
+FAMILIES = ["base", "looped", "moe", "looped_moe"]
+INJECTIONS = ["none", "input", "attn_first", "fla", "flt", "repeat"]
+MID = ["--config.model.d_model=256", "--config.model.n_heads=4", "--config.model.head_dim=64",
+       "--config.train.seq_len=256", "--config.train.batch_size=2"]
+
+
+def config(spec, *overrides):
+    return parse(load_config(spec, list(overrides)))
+
+
+def tree_size(cfg):
+    tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    variables = jax.eval_shape(LoopedLM(cfg).init, jax.random.key(0), tokens)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(variables["params"])))
+
+
+@pytest.mark.parametrize("spec", [
+    "experiments/base.py:paper", "experiments/looped.py:paper", "experiments/moe.py:paper",
+    "experiments/looped_moe.py:paper", "experiments/flt.py:paper", "experiments/flt.py:small",
+    "experiments/permutation.py:paper", "experiments/flt.py:tiny",
+])
+def test_param_counts_match_the_parameter_tree(spec):
+    cfg = config(spec).model
+    p = flops.param_counts(cfg)
+    assert p["params_total"] == p["params_embedding"] + p["params_unique"] == tree_size(cfg)
+    # Looping multiplies uses, not storage; a norm gain is stored once per physical layer.
+    gain = dataclasses.replace(cfg, norm_gain=True)
+    assert flops.param_counts(gain)["params_total"] == tree_size(gain)
+
+
+def test_the_studies_published_sizes():
+    def m(spec):
+        return flops.param_counts(config(spec).model)
+
+    assert round(m("experiments/base.py:paper")["params_total"] / 1e6, 1) == 246.0
+    lm = m("experiments/looped_moe.py:paper")
+    assert round(lm["params_total"] / 1e6, 1) == 216.4
+    assert round(lm["params_active"] / 1e6, 1) == 167.5
+    assert round(m("experiments/flt.py:paper")["params_total"] / 1e6, 1) == 317.9
+    assert round(m("experiments/flt.py:small")["params_total"] / 1e6, 1) == 127.1
+
+
+def test_loop_and_moe_readings_of_the_param_counts():
+    looped = flops.param_counts(config("experiments/looped_moe.py:paper").model)
+    layers = looped["params_unique"] // 8  # no norm gains in this preset
+    assert looped["params_effective"] == 2 * looped["params_unique"]
+    active_layer = (looped["params_active_nonembedding"]) // 16
+    assert active_layer < layers
+    assert looped["params_active_stored"] == 8 * active_layer + looped["params_embedding"]
+    dense = flops.param_counts(config("experiments/base.py:paper").model)
+    assert dense["params_active"] == dense["params_total"]
+
+
+def test_conventions_relate_as_documented():
+    cfg = config("experiments/looped_moe.py:paper")
+    m, T = cfg.model, cfg.train.seq_len
+    p = flops.param_counts(m)
+    by = flops.flops_by_convention(m, T)
+    assert by["6n"] == 6 * p["params_active_nonembedding"]
+    assert by["6n_emb"] == 6 * p["params_active"]
+    attention = 12 * T * m.n_heads * m.d_head * 16
+    assert by["6n_attn"] == by["6n_emb"] + attention
+    assert by["6n_attn_causal"] == by["6n_emb"] + attention / 2
+    report = flops.report(m, T, cfg.flop_convention)
+    assert cfg.flop_convention is FlopConvention.SPARSE_STUDY
+    assert report["flops_per_token_train"] == by["6n_emb"]
+    assert report["flops_per_token_6n"] == by["6n"]
+
+
+def test_ragged_dot_grouped_count_is_below_the_dense_cpu_one():
+    m = config("experiments/moe.py:paper").model
+    dense = flops.computed_flops_per_token(m, 1024, ragged_dot_dense=True)
+    grouped = flops.computed_flops_per_token(m, 1024, ragged_dot_dense=False)
+    # Dense runs every expert on every assignment: (E - 1) x the grouped expert matmuls more.
+    expert_matmuls = 16 * 3 * m.top_k * 3 * 2 * m.d_model * m.expert_width
+    assert dense - grouped == pytest.approx((m.n_experts - 1) * expert_matmuls, rel=0.02)
+
+
+CASES = (
+    [(f"experiments/{f}.py:tiny",) for f in FAMILIES]
+    + [("experiments/flt.py:tiny", f"--config.model.injection={i}") for i in INJECTIONS]
+)
+CASES = CASES + [(*c, *MID) for c in CASES] + [
+    ("experiments/moe.py:tiny", "--config.model.moe_dispatch=capacity"),
+    ("experiments/looped_moe.py:tiny", "--config.model.moe_dispatch=capacity", *MID),
+    ("experiments/flt.py:tiny", "--config.model.loss_loops=all", "--config.model.remat=layer"),
+    ("experiments/base.py:tiny", "--config.model.norm_gain=true", "--config.model.mlp=gelu"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(x.split("/")[-1] for x in c))
+def test_computed_flops_match_xla_within_5_percent(case):
+    cfg = config(*case)
+    xla = xla_flops_per_token_train(cfg.model, cfg.train)["xla_flops_per_token_train"]
+    computed = flops.computed_flops_per_token(cfg.model, cfg.train.seq_len, ragged_dot_dense=True)
+    assert computed == pytest.approx(xla, rel=0.05)
+
+
+def test_cli_prints_the_report(capsys):
+    assert cli.main(["flops", "--config=experiments/looped.py:tiny", "--no-xla"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ["params_embedding", "params_unique", "params_effective", "params_active",
+                "flops_per_token_train", "flops_per_token_6n", "flops_per_token_computed",
+                "xla_flops_per_token_train"]:
+        assert key in out
+    assert out["params_effective"] == 2 * out["params_unique"]
+    assert out["xla_flops_per_token_train"] is None
+
+
+def test_cli_bad_override_exits_2(capsys):
+    assert cli.main(["flops", "--config=experiments/base.py:tiny", "--config.model.nope=1"]) == 2
+    assert "nope" in capsys.readouterr().err
