@@ -43,8 +43,14 @@ def loss_loop_indices(loss_loops: LossLoops, n_loops: int) -> list[int]:
 
 
 class LoopedLM(nn.Module):
+    """`per_loop_params=True` (scan path only) gives each loop its own copy of the block's params,
+    stacked on a leading loop axis: fed K copies of the shared params it computes exactly the
+    shared model, and the gradient with respect to copy t is loop t's contribution to the shared
+    weights' gradient (train/step.py uses it for per-loop gradient norms)."""
+
     cfg: ModelConfig
     collect_layers: bool = False
+    per_loop_params: bool = False
 
     def setup(self):
         cfg = self.cfg
@@ -53,7 +59,14 @@ class LoopedLM(nn.Module):
         self.unembed = weight(self, "unembed", (D, V), ("embed", "vocab"), cfg, zero=cfg.zero_init_readout)
         self.final_norm = RMSNorm(cfg)
         loop_cls = nn.remat(Loop, prevent_cse=not cfg.scan) if cfg.remat is Remat.LOOP else Loop
-        if cfg.scan:
+        if cfg.scan and self.per_loop_params:
+            loop_cls = nn.scan(
+                loop_cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            )
+        elif cfg.scan:
             loop_cls = nn.scan(
                 loop_cls,
                 variable_broadcast="params",

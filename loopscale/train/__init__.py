@@ -1,0 +1,1 @@
+"""Training: optimiser (with muP learning-rate multipliers); the trainer grows here."""

@@ -1,0 +1,127 @@
+"""Optimisers with the width parametrisation's per-parameter learning-rate multipliers.
+
+muP for Adam (model/mup.py) gives every weight an LR factor that depends only on its role and
+the width ratio d_model/base_d_model. Adam's update is invariant to the gradient's scale, so the
+factor must multiply the *update*: after `scale_by_adam`, before the (scheduled) learning rate.
+The labels come from `param_roles` and the factors from `mup.scaling`, the same table the init
+and the forward multipliers read, so the three cannot disagree.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import optax
+from optax.contrib import MuonDimensionNumbers, muon
+
+from loopscale.config.schema import ModelConfig, Optimizer, TrainConfig, WeightDecay
+from loopscale.model import mup
+from loopscale.train.schedules import learning_rate
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def role_labels(params):
+    """Role names ("embedding", "hidden", "readout", "router", "norm") shaped like `params`.
+
+    Works on plain and on boxed (`nn.Partitioned`) parameters; for boxed ones each label sits
+    where the box is, which optax accepts as a prefix of the parameter tree."""
+    names = jax.tree.map(lambda role: role.value, mup.param_roles(nn.unbox(params)),
+                         is_leaf=lambda x: isinstance(x, mup.Role))
+    return jax.tree.map(lambda _, name: name, params, names, is_leaf=_is_box)
+
+
+def mup_lr_scaling(cfg: ModelConfig) -> optax.GradientTransformation:
+    """Multiplies each parameter's update by its role's LR factor, `scaling(role, cfg).lr_mult`.
+
+    Stateless. Chain it after the update direction (`scale_by_adam`) and before the learning
+    rate. Under `sp`, and at width_mult 1 under every preset, every factor is 1."""
+    factors = {role.value: optax.scale(mup.scaling(role, cfg).lr_mult) for role in mup.Role}
+    return optax.multi_transform(factors, role_labels)
+
+
+def adam_with_mup(learning_rate: optax.ScalarOrSchedule, cfg: ModelConfig, b1: float = 0.9,
+                  b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+    """Adam whose step for each parameter is lr * lr_mult(role) * Adam's direction."""
+    return optax.chain(
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+        mup_lr_scaling(cfg),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+# --- The trainer's optimiser: one recipe per train.optimizer, from the typed config. ---
+
+DECAYED_ROLES = ("hidden", "readout", "router")  # matrices; never embeddings or norm gains
+
+
+def _decay_mask(params):
+    return jax.tree.map(lambda label: label in DECAYED_ROLES, role_labels(params))
+
+
+def _weight_decay(train: TrainConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """Independent decay (applied after the LR): p -= wd * (lr_t / peak) * p, so the decay rate
+    follows the schedule's shape but not its peak; coupled decay is added before the LR."""
+    peak = train.lr or 1.0
+    return optax.add_decayed_weights(lambda count: -train.weight_decay * schedule(count) / peak,
+                                     mask=_decay_mask)
+
+
+def adamw_with_mup(train: TrainConfig, cfg: ModelConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+    coupled = train.weight_decay and train.weight_decay_mode is WeightDecay.COUPLED
+    independent = train.weight_decay and train.weight_decay_mode is WeightDecay.INDEPENDENT
+    return optax.chain(
+        optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
+        optax.add_decayed_weights(train.weight_decay, mask=_decay_mask) if coupled else optax.identity(),
+        mup_lr_scaling(cfg),
+        optax.scale_by_learning_rate(schedule),
+        _weight_decay(train, schedule) if independent else optax.identity(),
+    )
+
+
+def _muon_dimensions(params):
+    """Which axes Muon orthogonalises: (fan-in, fan-out) of each block matrix; leading axes
+    (stacked layers, experts) are batch axes, each matrix orthogonalised on its own."""
+    def dims(path, x):
+        name = mup._leaf_name(path)
+        n = x.ndim
+        if name in ("wq", "wk", "wv"):  # (..., D, H, K): D -> H*K
+            return MuonDimensionNumbers(reduction_axis=(n - 3,), output_axis=(n - 2, n - 1))
+        if name == "wo":  # (..., H, K, D): H*K -> D
+            return MuonDimensionNumbers(reduction_axis=(n - 3, n - 2), output_axis=(n - 1,))
+        return MuonDimensionNumbers(reduction_axis=(n - 2,), output_axis=(n - 1,))
+    return jax.tree_util.tree_map_with_path(dims, params)
+
+
+def muon_recipe(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransformation:
+    """The FLT study's recipe: Muon (train.lr) on every block matrix, AdamW on the embedding
+    (train.embed_lr) and the output head (train.head_lr), and on norm gains and routers at
+    train.lr; one schedule shape for all, each group at its own peak."""
+    def group_lr(peak: float) -> optax.Schedule:
+        return learning_rate(train, peak=peak or train.lr)
+
+    def adamw(peak: float) -> optax.GradientTransformation:
+        return optax.adamw(group_lr(peak), b1=train.b1, b2=train.b2, eps=train.eps,
+                           weight_decay=0.0)
+
+    return optax.multi_transform({
+        "hidden": muon(group_lr(train.lr), beta=train.b2, weight_decay=train.weight_decay,
+                       muon_weight_dimension_numbers=_muon_dimensions),
+        "embedding": adamw(train.embed_lr),
+        "readout": adamw(train.head_lr),
+        "router": adamw(train.lr),
+        "norm": adamw(train.lr),
+    }, role_labels)
+
+
+def build_optimizer(train: TrainConfig, cfg: ModelConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The full optimiser of a run (clipping first, on the raw gradient) and its LR schedule."""
+    schedule = learning_rate(train)
+    if train.optimizer is Optimizer.MUON:
+        body = muon_recipe(train, cfg)
+    else:
+        body = adamw_with_mup(train, cfg, schedule)
+    clip = optax.clip_by_global_norm(train.grad_clip) if train.grad_clip else optax.identity()
+    return optax.chain(clip, body), schedule

@@ -1,0 +1,136 @@
+"""The pure, module-level training and evaluation steps.
+
+`train_step` is jitted once per loop count (trainer.py) with explicit shardings and the state
+donated. Everything static (model, optimiser, config) is bound with functools.partial.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from loopscale.config.schema import LossLoops, TrainConfig
+from loopscale.model import LoopedLM
+from loopscale.model.loss import cross_entropy, lm_loss, z_loss
+from loopscale.train.diagnostics import routing_overlap
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def _sq_norm(tree) -> jax.Array:
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+
+def loop_supervision_loss(exit_logits_KxBxTxV, batch) -> jax.Array:
+    """Intermediate supervision: the exit logits at loop boundary j, read at the answer
+    position, are trained on `loop_labels[:, j]` (data/permutation.py: the node after j+1 hops,
+    holding the answer once all hops are done). The last boundary is the main loss's already."""
+    labels_BxK, pos_B = batch["loop_labels"], batch["answer_pos"]
+    n = labels_BxK.shape[1] - 1
+    if n <= 0:
+        return jnp.zeros((), jnp.float32)
+    rows = jnp.arange(pos_B.shape[0])
+    logits_nxBxV = exit_logits_KxBxTxV[:n, rows, pos_B]
+    return cross_entropy(logits_nxBxV, labels_BxK[:, :n].T, jnp.ones_like(labels_BxK[:, :n].T))
+
+
+def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
+    cfg = model.cfg
+    supervise = train.intermediate_supervision and "loop_labels" in batch
+    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops,
+                      exit_logits=supervise or cfg.loss_loops is not LossLoops.LAST)
+    mask = batch["mask"]
+    ce = lm_loss(out, batch["targets"], mask, cfg.loss_loops)
+    total = ce
+    if train.z_loss_weight:
+        total = total + train.z_loss_weight * z_loss(out.logits, mask)
+    aux = {"ce": ce, "residual_norm": out.residual_norm}
+    if supervise:
+        hop = loop_supervision_loss(out.exit_logits, batch)
+        total, aux["loop_supervision_loss"] = total + hop, hop
+    if out.moe is not None:
+        total = total + train.lb_loss_weight * out.lb_loss + train.router_z_weight * out.router_z
+        aux.update(lb_loss=out.lb_loss, router_z=out.router_z,
+                   expert_load=jnp.mean(out.moe["expert_load"], axis=1),  # (K, E) over layers
+                   dropped_frac=jnp.mean(out.moe["dropped_frac"]))
+        if n_loops > 1:
+            aux.update(routing_overlap(out.moe["experts"]))
+    return total, aux
+
+
+def _micro_batches(batch, accum: int):
+    """(B, ...) -> (accum, B/accum, ...) with micro-batch i = rows i, i+accum, ..., so each
+    micro-batch keeps rows from every data-parallel shard."""
+    def split(x):
+        x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+    return jax.tree.map(split, batch)
+
+
+def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if train.grad_accum == 1:
+        (loss, aux), grads = grad_fn(params, batch, model, train, n_loops)
+        return loss, aux, grads
+
+    def body(carry, micro):
+        (loss, aux), grads = grad_fn(params, micro, model, train, n_loops)
+        acc_loss, acc_grads = carry
+        return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), aux
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss, grads), aux = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                      _micro_batches(batch, train.grad_accum))
+    scale = 1.0 / train.grad_accum
+    return loss * scale, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), jax.tree.map(
+        lambda g: g * scale, grads)
+
+
+def train_step(state: TrainState, batch, *, model: LoopedLM, tx: optax.GradientTransformation,
+               train: TrainConfig, n_loops: int):
+    loss, aux, grads = gradients(state.params, batch, model, train, n_loops)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    layer_grads = grads["loop"]["stack"]
+    metrics = {
+        "loss": loss,
+        "grad_norm": optax.tree.norm(grads),  # before clipping (clipping lives in tx)
+        "update_norm": optax.tree.norm(updates),
+        "grad_norm_embedding": jnp.sqrt(_sq_norm(grads["embedding"])),
+        "grad_norm_head": jnp.sqrt(_sq_norm(grads["unembed"])),
+        **aux,
+    }
+    if "layers" in layer_grads:  # scanned: one norm per unique layer (the FLT "per block")
+        metrics["grad_norm_block"] = jnp.sqrt(sum(
+            jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim))) for g in jax.tree.leaves(layer_grads)))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def loop_grad_norms(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int) -> jax.Array:
+    """Norm of each loop's contribution to the shared block's gradient, shape (n_loops,).
+
+    The block's params are tiled once per loop and fed to the per-loop-params model, which then
+    computes exactly the shared model; the gradient with respect to copy t is loop t's share."""
+    per_loop = model.clone(per_loop_params=True)
+    tiled = {**params, "loop": jax.tree.map(
+        lambda p: jnp.broadcast_to(p, (n_loops, *p.shape)), params["loop"])}
+    grads = jax.grad(lambda p: loss_fn(p, batch, per_loop, train, n_loops)[0])(tiled)["loop"]
+    return jnp.sqrt(sum(jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim)))
+                        for g in jax.tree.leaves(grads)))
+
+
+def eval_step(params, batch, *, model: LoopedLM, n_loops: int) -> dict[str, jax.Array]:
+    """Sums for a masked mean over the eval set: loss at the last loop and at every loop exit."""
+    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, exit_logits=True)
+    mask = batch["mask"].astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(out.exit_logits, batch["targets"][None])
+    return {"loss_sum_per_loop": jnp.sum(ce * mask[None], axis=(1, 2)), "weight": jnp.sum(mask)}

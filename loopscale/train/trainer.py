@@ -1,0 +1,300 @@
+"""`loopscale train`: one run, on a mesh, resumable, leaving a complete run directory.
+
+The flow: validate the workdir -> mesh -> sharded state (fresh or restored with the data
+iterator) -> jitted step per loop count -> loop (log, evaluate, checkpoint, watch for
+divergence and SIGTERM) -> final checkpoint and summary.json. Exit status: 0 completed (or
+stopped cleanly by SIGTERM, to be resumed), 3 diverged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import signal
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopscale import data as data_lib
+from loopscale import flops as flops_lib
+from loopscale.data import permutation
+from loopscale.config import Config
+from loopscale.errors import UsageError
+from loopscale.model import LoopedLM
+from loopscale.train import diagnostics, mesh as mesh_lib
+from loopscale.train.checkpoint import Checkpointer, abstract_like
+from loopscale.train.optimizer import build_optimizer
+from loopscale.train.peak import device_peak_flops
+from loopscale.train.rundir import RunDirectory, _jsonable
+from loopscale.train.step import TrainState, eval_step, loop_grad_norms, train_step
+
+EXIT_DIVERGED = 3
+
+
+class _Stop:
+    """Set by SIGTERM: the loop saves a checkpoint at the end of the current step and exits."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame):
+        self.requested = True
+
+
+@dataclasses.dataclass
+class _Setup:
+    config: Config
+    mesh: jax.sharding.Mesh
+    model: LoopedLM
+    tx: object
+    schedule: object
+    state_shardings: object
+    batch_sharding: object
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _check_workdir(run: RunDirectory, config: Config) -> dict | None:
+    """Refuses a workdir that holds a different run (nothing there is touched); returns the
+    summary of the run it holds, if any."""
+    existing = run.path / "config.json"
+    if existing.exists():
+        old, new = _flatten(json.loads(existing.read_text())), _flatten(_jsonable(config))
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        if changed:
+            raise UsageError(f"workdir {run.path} holds a run with a different config "
+                             f"({', '.join(changed[:3])}); use a new workdir")
+    return run.summary()
+
+
+def _boxed_state_fn(model: LoopedLM, tx, seq_len: int):
+    """rng -> TrainState whose params and optimiser state carry their logical axis names."""
+    def init(rng):
+        params = model.init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return init
+
+
+def setup(config: Config, devices=None) -> _Setup:
+    mesh = mesh_lib.make_mesh(config.mesh, devices)
+    dp = mesh_lib.data_parallel_size(mesh)
+    if config.train.batch_size % (dp * config.train.grad_accum):
+        raise UsageError(f"train.batch_size={config.train.batch_size} must be divisible by "
+                         f"data-parallel size {dp} x train.grad_accum={config.train.grad_accum}")
+    model = LoopedLM(config.model)
+    tx, schedule = build_optimizer(config.train, config.model)
+    rng = jax.random.PRNGKey(config.seed)
+    abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len), rng)
+    specs = nn.get_partition_spec(abstract)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
+    mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
+    return _Setup(config, mesh, model, tx, schedule, shardings, mesh_lib.batch_sharding(mesh))
+
+
+def init_state(s: _Setup):
+    init = _boxed_state_fn(s.model, s.tx, s.config.train.seq_len)
+    unboxed = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=s.state_shardings)
+    return unboxed(jax.random.PRNGKey(s.config.seed))
+
+
+def _global_batch(local: dict, sharding) -> dict:
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
+
+
+def _loops_for_step(config: Config, step: int) -> int:
+    choices = config.train.loop_choices
+    if not choices:
+        return config.model.n_loops
+    return int(np.random.default_rng([config.seed, step]).choice(choices))
+
+
+def _host_row(metrics: dict) -> dict:
+    return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
+            for k, v in jax.device_get(metrics).items()}
+
+
+def evaluate(s: _Setup, params, eval_ds, n_loops: int, fn_cache: dict) -> dict:
+    if n_loops not in fn_cache:
+        fn_cache[n_loops] = jax.jit(functools.partial(eval_step, model=s.model, n_loops=n_loops))
+    totals, weight = None, 0.0
+    for local in eval_ds.iterator():
+        out = jax.device_get(fn_cache[n_loops](params, _global_batch(local, s.batch_sharding)))
+        totals = out["loss_sum_per_loop"] if totals is None else totals + out["loss_sum_per_loop"]
+        weight += float(out["weight"])
+    per_loop = (np.asarray(totals) / max(weight, 1.0)).tolist()
+    return {"eval_loss": per_loop[-1], "eval_loss_per_loop": per_loop}
+
+
+def train(config: Config, workdir: str, devices=None) -> int:
+    """Runs (or resumes) one training run in `workdir` on `devices` (default: all)."""
+    started = time.time()
+    pi, pc = jax.process_index(), jax.process_count()
+    run = RunDirectory(workdir, write=pi == 0)
+    previous = _check_workdir(run, config)
+    if previous and previous.get("status") in ("completed", "diverged"):
+        print(f"{workdir}: run already {previous['status']}; nothing to do", file=sys.stderr)
+        return EXIT_DIVERGED if previous["status"] == "diverged" else 0
+
+    s = setup(config, devices)
+    t = config.train
+    accounting = flops_lib.report(config.model, t.seq_len, config.flop_convention,
+                                  ragged_dot_dense=jax.default_backend() == "cpu")
+    # MFU counts model FLOPs (6N per use + full attention matmuls), not recomputation or waste.
+    model_flops_per_token = accounting["flops_per_token_by_convention"]["6n_attn"]
+    train_ds = data_lib.make_dataset(config.data, t, config.seed, "train", pi, pc)
+    eval_ds = data_lib.make_dataset(config.data, t, config.seed, "eval", pi, pc)
+    if train_ds.vocab_size > config.model.vocab_size:
+        raise UsageError(f"model.vocab_size={config.model.vocab_size} is smaller than the data's "
+                         f"vocabulary ({train_ds.vocab_size})")
+    data_iter = train_ds.iterator()
+    run.write_config(config)  # only once the config is known to be runnable
+
+    checkpointer = Checkpointer(run.checkpoint_dir, t.keep_checkpoints)
+    start = checkpointer.latest_step() or 0
+    if start:
+        abstract = abstract_like(jax.eval_shape(lambda: init_state(s)), s.state_shardings)
+        state = checkpointer.restore(start, abstract, data_iter)
+    else:
+        state = init_state(s)
+    rows = run.open_metrics(start)
+
+    stop = _Stop()
+    previous_handler = signal.signal(signal.SIGTERM, stop)
+    steps_fns, eval_fns, loop_grad_fns = {}, {}, {}
+    compile_time = 0.0
+    tokens_per_step = t.batch_size * t.seq_len
+    peak = t.peak_flops or device_peak_flops()
+    divergence = diagnostics.DivergenceRule()
+    oscillation = diagnostics.GradientOscillation()
+    unigram = diagnostics.UnigramEntropy(max(config.model.vocab_size, train_ds.vocab_size))
+    for row in rows:  # replay host-side trackers over the kept history
+        if "grad_norm" in row:
+            oscillation.update(row["grad_norm"])
+            divergence.check(row["loss"])
+    status, reason, step = "running", None, start
+    summary = {"status": "running", **{k: v for k, v in accounting.items() if k.startswith("params_")},
+               "flop_convention": accounting["flop_convention"],
+               "flops_per_token_train": accounting["flops_per_token_train"],
+               "flops_per_token_computed": accounting["flops_per_token_computed"]}
+    run.write_summary(summary)
+
+    progress = None
+    if pi == 0 and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        progress = tqdm(total=t.steps, initial=start, desc=config.name, unit="step")
+    try:
+        for step in range(start, t.steps):
+            local = next(data_iter)
+            unigram.update(np.asarray(local["targets"]), np.asarray(local["mask"]))
+            n_loops = _loops_for_step(config, step)
+            if t.intermediate_supervision and "hop_labels" in local:
+                local = {**local, "loop_labels": permutation.loop_labels(local, n_loops)}
+            batch = _global_batch(local, s.batch_sharding)
+            if n_loops not in steps_fns:
+                fn = jax.jit(functools.partial(train_step, model=s.model, tx=s.tx, train=t, n_loops=n_loops),
+                             in_shardings=(s.state_shardings, s.batch_sharding),
+                             out_shardings=(s.state_shardings, None), donate_argnums=0)
+                t0 = time.time()
+                steps_fns[n_loops] = fn.lower(state, batch).compile()
+                compile_time += time.time() - t0
+            t0 = time.time()
+            state, metrics = steps_fns[n_loops](state, batch)
+            row = _host_row(metrics)  # waits for the step
+            dt = time.time() - t0
+            done = step + 1
+            flops_per_token = accounting["flops_per_token_train"] * n_loops / config.model.n_loops \
+                if t.loop_choices else accounting["flops_per_token_train"]
+            row.update(
+                step=done, n_loops=n_loops, lr=float(s.schedule(step)),
+                tokens=done * tokens_per_step,
+                flops=(rows[-1]["flops"] if rows else 0.0) + flops_per_token * tokens_per_step,
+                step_time_s=dt, tokens_per_s=tokens_per_step / dt,
+                mfu=model_flops_per_token * tokens_per_step / dt / peak,
+                **oscillation.update(row["grad_norm"]),
+            )
+            if t.loop_grad_every and done % t.loop_grad_every == 0 and config.model.scan:
+                if n_loops not in loop_grad_fns:
+                    loop_grad_fns[n_loops] = jax.jit(functools.partial(
+                        loop_grad_norms, model=s.model, train=t, n_loops=n_loops))
+                row["grad_norm_loop"] = np.asarray(loop_grad_fns[n_loops](state.params, batch)).tolist()
+            rows.append(row)
+            if done % t.log_every == 0 or done == t.steps:
+                run.log(row)
+            if progress:
+                progress.update(1)
+                progress.set_postfix(loss=f"{row['loss']:.3f}")
+            reason = divergence.check(row["loss"])
+            if reason:
+                status = "diverged"
+                break
+            if t.eval_every and done % t.eval_every == 0 and done != t.steps:
+                run.log({"step": done, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)})
+            if t.checkpoint_every and done % t.checkpoint_every == 0 and done != t.steps:
+                checkpointer.save(done, state, data_iter)
+            if stop.requested:
+                break
+        else:
+            status = "completed"
+    except Exception:
+        summary.update(status="failed", wall_time_s=time.time() - started)
+        run.write_summary(summary)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        if progress:
+            progress.close()
+
+    final = {}
+    if status == "completed" or stop.requested:
+        if checkpointer.latest_step() != step + 1:
+            checkpointer.save(step + 1, state, data_iter)
+    if status == "completed":
+        final = evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)
+        run.log({"step": t.steps, **final})
+    checkpointer.close()
+    run.close()
+
+    evals = [r["eval_loss"] for r in _read_rows(run) if "eval_loss" in r]
+    train_rows = [r for r in rows if "loss" in r]
+    entropy = unigram.value()
+    summary.update(
+        status=status,
+        final_train_loss=train_rows[-1]["loss"] if train_rows else None,
+        final_eval_loss=final.get("eval_loss"),
+        eval_loss_per_loop=final.get("eval_loss_per_loop"),
+        best_eval_loss=min(evals) if evals else None,
+        steps=train_rows[-1]["step"] if train_rows else start,
+        tokens=train_rows[-1]["tokens"] if train_rows else 0,
+        flops=train_rows[-1]["flops"] if train_rows else 0.0,
+        wall_time_s=time.time() - started,
+        compile_time_s=compile_time,
+        unigram_entropy=entropy,
+        collapsed=diagnostics.collapsed([r["step"] for r in train_rows], [r["loss"] for r in train_rows],
+                                        [r["residual_norm"][-1] for r in train_rows], entropy),
+        collapse_rule=diagnostics.COLLAPSE_RULE,
+        divergence_rule=diagnostics.DivergenceRule.__doc__.split("\n\n")[0].replace("\n", " "),
+    )
+    if status == "diverged":
+        summary.update(diverged_step=step + 1, diverged_reason=reason)
+    run.write_summary(summary)
+    return EXIT_DIVERGED if status == "diverged" else 0
+
+
+def _read_rows(run: RunDirectory) -> list[dict]:
+    if not run.metrics_path.exists():
+        return []
+    return [json.loads(line) for line in run.metrics_path.read_text().splitlines() if line.strip()]

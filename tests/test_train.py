@@ -1,0 +1,178 @@
+"""The trainer end to end on CPU: run directory contents, sharding equivalence, resume after
+SIGKILL bit for bit, SIGTERM, divergence, and refusing a workdir of another run."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+import trainkit
+
+from loopscale.errors import UsageError
+from loopscale.train.trainer import train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    return trainkit.write_corpus(str(root / "text")), str(root / "cache")
+
+
+def rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_losses(workdir):
+    return {r["step"]: r["loss"] for r in rows(workdir) if "loss" in r}
+
+
+def summary(workdir):
+    with open(os.path.join(workdir, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_run_directory_is_complete(corpus, tmp_path):
+    cfg = trainkit.config("looped_moe", *corpus)
+    assert train(cfg, str(tmp_path / "run")) == 0
+    run = tmp_path / "run"
+    logged = rows(run)
+    steps = [r["step"] for r in logged if "loss" in r]
+    assert steps == list(range(1, 7))
+    last = [r for r in logged if "loss" in r][-1]
+    for key in ["loss", "lr", "grad_norm", "update_norm", "tokens", "flops", "step_time_s",
+                "tokens_per_s", "mfu", "residual_norm", "expert_load", "lb_loss", "router_z",
+                "dropped_frac", "route_identical", "route_disjoint", "grad_norm_block",
+                "grad_norm_cv"]:
+        assert key in last, key
+    assert len(last["residual_norm"]) == cfg.model.n_loops
+    assert np.asarray(last["expert_load"]).shape == (cfg.model.n_loops, cfg.model.n_experts)
+    assert last["tokens"] == 6 * 8 * 32
+    assert any("eval_loss" in r for r in logged)
+    s = summary(run)
+    assert s["status"] == "completed" and s["steps"] == 6 and s["tokens"] == 6 * 8 * 32
+    for key in ["final_train_loss", "final_eval_loss", "best_eval_loss", "flops", "params_unique",
+                "params_embedding", "wall_time_s", "compile_time_s", "collapsed", "collapse_rule"]:
+        assert key in s, key
+    assert s["flops"] == pytest.approx(last["flops"])
+    assert json.loads((run / "config.json").read_text())["model"]["ffn"] == "moe"
+    assert list((run / "tensorboard").glob("events.out.tfevents*"))
+    assert (run / "checkpoints").is_dir()
+    # Re-running a completed run does nothing and changes nothing.
+    before = (run / "metrics.jsonl").read_text()
+    assert train(cfg, str(run)) == 0
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_loss_decreases_on_text(corpus, tmp_path):
+    cfg = trainkit.config("base", *corpus, **{"train.steps": 30, "train.eval_every": 0,
+                                              "train.checkpoint_every": 0, "train.lr": 1e-2})
+    assert train(cfg, str(tmp_path / "run")) == 0
+    losses = train_losses(tmp_path / "run")
+    assert np.mean([losses[s] for s in range(26, 31)]) < losses[1] - 1.0
+
+
+@pytest.mark.parametrize("experiment,mesh", [
+    ("looped", {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}),
+    ("looped_moe", {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 2, "mesh.expert": 2}),
+])
+def test_sharded_losses_match_one_device(corpus, tmp_path, experiment, mesh):
+    fields = {"train.steps": 5, "train.eval_every": 0, "train.checkpoint_every": 0,
+              "model.n_heads": 2, "model.head_dim": 32}  # two heads, to split over tensor=2
+    one = trainkit.config(experiment, *corpus, **fields)
+    eight = trainkit.config(experiment, *corpus, **fields, **mesh)
+    assert train(one, str(tmp_path / "one"), devices=jax.devices()[:1]) == 0
+    assert train(eight, str(tmp_path / "eight")) == 0
+    a, b = train_losses(tmp_path / "one"), train_losses(tmp_path / "eight")
+    assert a.keys() == b.keys() == set(range(1, 6))
+    np.testing.assert_allclose([b[k] for k in sorted(b)], [a[k] for k in sorted(a)], atol=1e-4)
+
+
+def test_indivisible_mesh_is_a_usage_error(corpus, tmp_path):
+    cfg = trainkit.config("looped", *corpus, **{"mesh.tensor": 2, "mesh.data": 4})  # 1 head
+    with pytest.raises(UsageError, match="cannot be split 2 ways"):
+        train(cfg, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "config.json").exists()  # a refused run leaves no trace
+
+
+def test_mismatched_workdir_is_refused_untouched(corpus, tmp_path):
+    cfg = trainkit.config("base", *corpus, **{"train.steps": 2, "train.eval_every": 0})
+    run = tmp_path / "run"
+    assert train(cfg, str(run)) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    other = trainkit.config("base", *corpus, **{"train.steps": 2, "train.eval_every": 0,
+                                                "train.lr": 1.0})
+    with pytest.raises(UsageError, match="train.lr"):
+        train(other, str(run))
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_divergence_stops_the_run_with_status_3(corpus, tmp_path):
+    cfg = trainkit.config("base", *corpus, **{"train.steps": 30, "train.lr": 1e4,
+                                              "train.grad_clip": 0.0, "train.eval_every": 0,
+                                              "train.warmup_steps": 0})
+    assert train(cfg, str(tmp_path / "run")) == 3
+    s = summary(tmp_path / "run")
+    assert s["status"] == "diverged" and s["diverged_step"] < 30 and s["diverged_reason"]
+
+
+def _env():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _wait_for_step(workdir, step, proc, timeout=300):
+    path = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
+        if os.path.exists(path) and any(r.get("step", 0) >= step for r in rows(workdir) if "loss" in r):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never logged")
+
+
+def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
+    args = ["train", "--config=experiments/looped.py:tiny",
+            *trainkit.overrides(*corpus, **{"train.steps": 40, "train.checkpoint_every": 10,
+                                            "train.eval_every": 0})]
+    straight = tmp_path / "straight"
+    done = trainkit.run_cli(*args, f"--workdir={straight}", env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(trainkit.loopscale_cmd(*args, f"--workdir={killed}"), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_step(killed, 22, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert summary(killed)["status"] == "running"
+    resumed = trainkit.run_cli(*args, f"--workdir={killed}", env=_env())
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    a, b = train_losses(straight), train_losses(killed)
+    steps = [r["step"] for r in rows(killed) if "loss" in r]
+    assert steps == list(range(1, 41))  # every step exactly once
+    assert [a[s] for s in range(1, 41)] == [b[s] for s in range(1, 41)]  # bit-identical
+    assert summary(killed)["status"] == "completed"
+
+
+def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):
+    args = ["train", "--config=experiments/base.py:tiny",
+            *trainkit.overrides(*corpus, **{"train.steps": 400, "train.checkpoint_every": 0,
+                                            "train.eval_every": 0}), f"--workdir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(trainkit.loopscale_cmd(*args), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_step(tmp_path / "run", 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    last = max(r["step"] for r in rows(tmp_path / "run") if "loss" in r)
+    saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] == last < 400
+    assert summary(tmp_path / "run")["status"] == "running"

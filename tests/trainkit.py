@@ -1,0 +1,39 @@
+"""Shared pieces of the trainer tests: a small local text corpus and tiny run configs."""
+
+import os
+import subprocess
+import sys
+
+from loopscale.config import load_config, parse
+from loopscale.data.text import kjv_documents
+
+
+def write_corpus(directory) -> str:
+    """Forty KJV chapters as forty files: real English, packed in well under a second."""
+    os.makedirs(directory, exist_ok=True)
+    for i, doc in enumerate(kjv_documents()[:40]):
+        with open(os.path.join(directory, f"ch{i:03d}.txt"), "w") as f:
+            f.write(doc)
+    return os.path.join(directory, "*.txt")
+
+
+def overrides(corpus_glob: str, cache_dir: str, **fields) -> list[str]:
+    base = {
+        "data.paths": corpus_glob, "data.cache_dir": cache_dir, "train.steps": 6,
+        "train.batch_size": 8, "train.seq_len": 32, "train.eval_batches": 2, "train.eval_every": 3,
+        "train.checkpoint_every": 3, "train.warmup_steps": 2, "train.lr": 3e-3,
+    }
+    base.update(fields)
+    return [f"--config.{k}={v}" for k, v in base.items()]
+
+
+def config(experiment: str, corpus_glob: str, cache_dir: str, **fields):
+    return parse(load_config(f"experiments/{experiment}.py:tiny", overrides(corpus_glob, cache_dir, **fields)))
+
+
+def loopscale_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "loopscale.cli", *args]
+
+
+def run_cli(*args: str, env=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(loopscale_cmd(*args), capture_output=True, text=True, env=env, timeout=timeout)
