@@ -1,0 +1,110 @@
+"""`loopscale report DIR --out=report/`: the fit of `loopscale fit` as figures and tables.
+
+Writes into --out: fit.json, isoflop/frontiers/allocation/residuals/loss_vs_params .png and
+.svg, report.md and index.html (a static page, no server needed), each atomically, index.html
+last; other files in --out are left alone. Prints the path of index.html and the exponents.
+
+The input is a results table (.csv or .parquet, the columns `loopscale fit` reads) or a
+directory holding results.csv (or results.parquet). A sweep directory of run directories
+(DIR/runs/RUN/summary.json) is not read directly yet: turn it into a table with
+`loopscale collect` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from loopscale.errors import UsageError
+
+TABLE_NAMES = ("results.csv", "results.parquet")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report", help="figures and tables of a sweep (PNG/SVG, report.md, index.html)",
+        description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("source", help="results table (.csv/.parquet) or a directory holding "
+                   "results.csv")
+    p.add_argument("--out", required=True, help="folder for the report (created if needed)")
+    p.add_argument("--params-column", default="params",
+                   help="parameter count to fit against (e.g. params_active, params_unique)")
+    p.add_argument("--tokens-column", default="tokens")
+    p.add_argument("--loss-column", default="loss")
+    p.add_argument("--flops-column", default="flops",
+                   help="compute column; without it C = 6 * params * tokens")
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N",
+                   help="bootstrap resamples for intervals and bands (0: none; `loopscale "
+                   "fit` defaults to 1000, the report to 200 for speed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
+    p.add_argument("--level", type=float, default=0.95, help="interval coverage")
+    p.add_argument("--spline", action="store_true",
+                   help="per-budget minimum from a smoothing spline instead of a parabola")
+    p.add_argument("--grid", choices=("hoffmann", "small"), default="hoffmann",
+                   help="parametric starting grid (see `loopscale fit --help`)")
+    p.add_argument("--title", default=None, help="page title (default: from the source)")
+    p.set_defaults(run=run)
+
+
+def find_table(source: str) -> str:
+    """The table to read: `source` itself, or the results table inside a directory."""
+    if not os.path.isdir(source):
+        if not os.path.exists(source):
+            raise UsageError(f"no such table or directory: {source}")
+        return source
+    for name in TABLE_NAMES:
+        path = os.path.join(source, name)
+        if os.path.isfile(path):
+            return path
+    if os.path.isdir(os.path.join(source, "runs")):
+        raise UsageError(f"{source} is a sweep directory without results.csv; reading run "
+                         f"directories is not supported yet: write the table first with "
+                         f"`loopscale collect {source} --out={os.path.join(source, 'results.csv')}`")
+    raise UsageError(f"{source} holds no results.csv (nor results.parquet)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so `loopscale --help` and other commands do not load matplotlib/scipy.
+    from loopscale.scaling import FitError
+    from loopscale.scaling import fit as fitting
+    from loopscale.scaling import plots
+    from loopscale.scaling import report as rep
+    from loopscale.scaling.table import Columns, read_table
+
+    if args.bootstrap < 0:
+        raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must be between 0 and 1, got {args.level}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a directory")
+    path = find_table(args.source)
+    columns = Columns(params=args.params_column, tokens=args.tokens_column,
+                      loss=args.loss_column, flops=args.flops_column)
+    table = read_table(path, columns)
+    options = fitting.FitOptions(bootstrap=args.bootstrap, seed=args.seed, level=args.level,
+                                 spline=args.spline, grid=args.grid)
+    try:
+        result = fitting.fit_results(table, options)
+    except FitError as e:
+        raise UsageError(str(e)) from e
+    doc = fitting.to_json(result)
+    figures = plots.render_all(result)  # before writing anything: a plotting bug leaves no trace
+
+    os.makedirs(args.out, exist_ok=True)
+    out = lambda name: os.path.join(args.out, name)  # noqa: E731
+    for fig in figures:
+        rep.write_atomically(out(f"{fig.stem}.png"), fig.png)
+        rep.write_atomically(out(f"{fig.stem}.svg"), fig.svg)
+    rep.write_atomically(out("fit.json"), json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    title = args.title or f"Scaling report: {table.source}"
+    sections = rep.outline(doc, [rep.FigureRef(f.stem, f.title, f.caption) for f in figures])
+    rep.write_atomically(out("report.md"), rep.to_markdown(title, sections))
+    rep.write_atomically(out("index.html"), rep.to_html(title, sections))
+
+    for line in doc["warnings"]:
+        sys.stderr.write(f"loopscale report: warning: {line}\n")
+    print(rep.exponents_text(doc))
+    print(os.path.abspath(out("index.html")))
+    return 0
