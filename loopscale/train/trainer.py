@@ -286,11 +286,15 @@ def train(config: Config, workdir: str, devices=None) -> int:
         collapsed=diagnostics.collapsed([r["step"] for r in train_rows], [r["loss"] for r in train_rows],
                                         [r["residual_norm"][-1] for r in train_rows], entropy),
         collapse_rule=diagnostics.COLLAPSE_RULE,
-        divergence_rule=diagnostics.DivergenceRule.__doc__.split("\n\n")[0].replace("\n", " "),
+        divergence_rule=" ".join(diagnostics.DivergenceRule.__doc__.split()),
     )
     if status == "diverged":
         summary.update(diverged_step=step + 1, diverged_reason=reason)
     run.write_summary(summary)
+    if pi == 0:
+        losses = ", ".join(f"{k} {summary[k]:.4f}" for k in ("final_train_loss", "final_eval_loss")
+                           if summary[k] is not None)
+        print(f"{workdir}: {status} at step {summary['steps']}; {losses}")
     return EXIT_DIVERGED if status == "diverged" else 0
 
 
