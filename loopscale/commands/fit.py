@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 
+from loopscale.commands.common import add_fit_args
 from loopscale.errors import UsageError
 
 
@@ -20,23 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("table", help="results table, .csv or .parquet: params, tokens, loss "
                    "[, flops, family, status, budget, params_unique]")
     p.add_argument("--out", required=True, help="where to write fit.json")
-    p.add_argument("--params-column", default="params",
-                   help="parameter count to fit against (e.g. params_active, params_unique)")
-    p.add_argument("--tokens-column", default="tokens")
-    p.add_argument("--loss-column", default="loss")
-    p.add_argument("--flops-column", default="flops",
-                   help="compute column; without it C = 6 * params * tokens")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                   help="bootstrap resamples for the intervals (0: none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
-    p.add_argument("--level", type=float, default=0.95, help="interval coverage")
-    p.add_argument("--spline", action="store_true",
-                   help="per-budget minimum from a smoothing spline instead of a parabola")
+    add_fit_args(p, bootstrap_default=1000)
     p.add_argument("--weighted", action="store_true",
                    help="weight IsoFLOP power laws by each minimum's bootstrap variance")
-    p.add_argument("--grid", choices=("hoffmann", "small"), default="hoffmann",
-                   help="parametric starting grid: hoffmann (4,500 starts, the published "
-                   "protocol) or small (108, quick looks)")
     p.add_argument("--budget-tolerance", type=float, default=0.02, metavar="DEX",
                    help="without a budget column, runs whose log10 flops agree within this "
                    "form one budget")

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from loopscale.commands.common import add_fit_args
 from loopscale.errors import UsageError
 
 TABLE_NAMES = ("results.csv", "results.parquet")
@@ -29,21 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("source", help="results table (.csv/.parquet) or a directory holding "
                    "results.csv")
     p.add_argument("--out", required=True, help="folder for the report (created if needed)")
-    p.add_argument("--params-column", default="params",
-                   help="parameter count to fit against (e.g. params_active, params_unique)")
-    p.add_argument("--tokens-column", default="tokens")
-    p.add_argument("--loss-column", default="loss")
-    p.add_argument("--flops-column", default="flops",
-                   help="compute column; without it C = 6 * params * tokens")
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N",
-                   help="bootstrap resamples for intervals and bands (0: none; `loopscale "
-                   "fit` defaults to 1000, the report to 200 for speed)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
-    p.add_argument("--level", type=float, default=0.95, help="interval coverage")
-    p.add_argument("--spline", action="store_true",
-                   help="per-budget minimum from a smoothing spline instead of a parabola")
-    p.add_argument("--grid", choices=("hoffmann", "small"), default="hoffmann",
-                   help="parametric starting grid (see `loopscale fit --help`)")
+    add_fit_args(p, bootstrap_default=200)  # fewer resamples than `fit`: a quick look
     p.add_argument("--title", default=None, help="page title (default: from the source)")
     p.set_defaults(run=run)
 

@@ -340,6 +340,9 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
             raise UsageError(f"train.{name}={getattr(t, name)} must be at least 1")
     if t.batch_size % t.grad_accum:
         raise UsageError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum")
+    if t.optimizer is Optimizer.MUON and t.weight_decay and t.weight_decay_mode is WeightDecay.INDEPENDENT:
+        raise UsageError("train.weight_decay_mode=independent is not available with "
+                         "train.optimizer=muon (optax's Muon couples decay to the LR)")
     if any(not isinstance(k, int) or k < 1 for k in t.loop_choices):
         raise UsageError(f"train.loop_choices={t.loop_choices} must be positive integers")
     return config

@@ -28,7 +28,9 @@ def learning_rate(train: TrainConfig, peak: float | None = None) -> optax.Schedu
     if train.schedule is Schedule.COSINE:
         if warmup == 0:
             return optax.cosine_decay_schedule(peak, max(train.steps, 1), alpha=train.min_lr_frac)
-        return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, train.steps, end_value=floor)
+        # decay_steps counts the warmup too; keep it past the warmup when the run is all warmup.
+        return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(train.steps, warmup + 1),
+                                                  end_value=floor)
     pieces, boundaries = [], []
     if warmup:
         pieces.append(optax.linear_schedule(0.0, peak, warmup))

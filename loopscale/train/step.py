@@ -82,15 +82,19 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
         (loss, aux), grads = grad_fn(params, batch, model, train, n_loops)
         return loss, aux, grads
 
+    # Each micro-batch's loss is a mean over its own masked tokens; weight it by that count so
+    # the accumulated loss and gradient equal those of the whole batch at once.
     def body(carry, micro):
         (loss, aux), grads = grad_fn(params, micro, model, train, n_loops)
-        acc_loss, acc_grads = carry
-        return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), aux
+        count = jnp.sum(micro["mask"].astype(jnp.float32))
+        acc_loss, acc_grads, acc_count = carry
+        acc_grads = jax.tree.map(lambda a, g: a + count * g, acc_grads, grads)
+        return (acc_loss + count * loss, acc_grads, acc_count + count), aux
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    (loss, grads), aux = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
-                                      _micro_batches(batch, train.grad_accum))
-    scale = 1.0 / train.grad_accum
+    init = (jnp.zeros((), jnp.float32), zeros, jnp.zeros((), jnp.float32))
+    (loss, grads, count), aux = jax.lax.scan(body, init, _micro_batches(batch, train.grad_accum))
+    scale = 1.0 / jnp.maximum(count, 1.0)
     return loss * scale, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), jax.tree.map(
         lambda g: g * scale, grads)
 
