@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "train")
+COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "train", "plan", "sweep", "collect")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -141,7 +141,7 @@ def _wait_for_step(workdir, step, proc, timeout=300):
 def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
     args = ["train", "--config=experiments/looped.py:tiny",
             *trainkit.overrides(*corpus, **{"train.steps": 40, "train.checkpoint_every": 10,
-                                            "train.eval_every": 0})]
+                                            "train.eval_every": 10})]
     straight = tmp_path / "straight"
     done = trainkit.run_cli(*args, f"--workdir={straight}", env=_env())
     assert done.returncode == 0, done.stderr[-2000:]
@@ -159,6 +159,8 @@ def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
     a, b = train_losses(straight), train_losses(killed)
     steps = [r["step"] for r in rows(killed) if "loss" in r]
     assert steps == list(range(1, 41))  # every step exactly once
+    assert [r["step"] for r in rows(killed) if "eval_loss" in r] == [10, 20, 30, 40]
+    assert rows(killed)[-2]["flops"] == rows(straight)[-2]["flops"]  # resumed from an eval row
     assert [a[s] for s in range(1, 41)] == [b[s] for s in range(1, 41)]  # bit-identical
     assert summary(killed)["status"] == "completed"
 

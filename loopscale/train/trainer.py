@@ -176,6 +176,16 @@ def train(config: Config, workdir: str, devices=None) -> int:
     steps_fns, eval_fns, loop_grad_fns = {}, {}, {}
     compile_time = 0.0
     tokens_per_step = t.batch_size * t.seq_len
+
+    @functools.cache
+    def train_flops_per_token(n_loops: int) -> float:
+        model = dataclasses.replace(config.model, n_loops=n_loops)
+        return flops_lib.flops_per_token(model, t.seq_len, config.flop_convention)
+
+    # Training compute spent so far, recomputed from the steps (the loop count of each step is
+    # a function of seed and step), so it does not depend on which rows were logged.
+    flops_done = sum(train_flops_per_token(_loops_for_step(config, i)) for i in range(start)) \
+        * tokens_per_step
     peak = t.peak_flops or device_peak_flops()
     divergence = diagnostics.DivergenceRule()
     oscillation = diagnostics.GradientOscillation()
@@ -216,12 +226,10 @@ def train(config: Config, workdir: str, devices=None) -> int:
             row = _host_row(metrics)  # waits for the step
             dt = time.time() - t0
             done = step + 1
-            flops_per_token = accounting["flops_per_token_train"] * n_loops / config.model.n_loops \
-                if t.loop_choices else accounting["flops_per_token_train"]
+            flops_done += train_flops_per_token(n_loops) * tokens_per_step
             row.update(
                 step=done, n_loops=n_loops, lr=float(s.schedule(step)),
-                tokens=done * tokens_per_step,
-                flops=(rows[-1]["flops"] if rows else 0.0) + flops_per_token * tokens_per_step,
+                tokens=done * tokens_per_step, flops=flops_done,
                 step_time_s=dt, tokens_per_s=tokens_per_step / dt,
                 mfu=model_flops_per_token * tokens_per_step / dt / peak,
                 **oscillation.update(row["grad_norm"]),

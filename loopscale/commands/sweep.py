@@ -1,0 +1,163 @@
+"""`loopscale sweep --sweep=sweeps/NAME.py[:ARG] --workdir=DIR`: trains a sweep's planned runs
+here, resumably, or writes the scripts that launch them on a cluster.
+
+Local (default): each run is its own `loopscale train` process under DIR/runs/RUN_ID,
+--concurrency at a time, sharing JAX's compilation cache (DIR/jax_cache), with a progress bar
+over the planned FLOPs. Running the command again skips completed and diverged runs, resumes
+interrupted ones from their checkpoints and retries failed ones (--max-retries in all); a lock
+keeps a second runner off DIR. Exit 0 when every run is completed or diverged, 1 otherwise.
+--launcher=tpu-pod|slurm writes DIR/launch/<launcher>.sh instead (DIR may then be gs://);
+--dry-run prints the commands or the script and writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from loopscale.commands.plan import add_sweep_arg, make_plan
+from loopscale.errors import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="run a sweep here, resumably, or write cluster launch scripts",
+        description=__doc__.split("\n\n")[0].replace("\n", " "))
+    add_sweep_arg(p)
+    p.add_argument("--workdir", required=True, help="sweep directory (gs:// with --launcher)")
+    p.add_argument("--launcher", choices=("local", "tpu-pod", "slurm"), default="local")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would run (local) or the launch script; write nothing")
+    local = p.add_argument_group("local runner")
+    local.add_argument("--concurrency", type=int, default=1, help="runs trained at once")
+    local.add_argument("--max-retries", type=int, default=2,
+                       help="relaunches of a failed run, counted over every invocation")
+    local.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                       help="environment variable for every run, e.g. XLA_FLAGS=... (repeatable)")
+    local.add_argument("--train-command", default=None,
+                       help="command that trains one run, given --config... --workdir=... "
+                       "(default: this Python's `-m loopscale.cli train`)")
+    cluster = p.add_argument_group("cluster launchers")
+    cluster.add_argument("--script-dir", default=None,
+                         help="where the launch script goes (default DIR/launch; "
+                         "./launch/NAME for gs://)")
+    cluster.add_argument("--repo", default="~/loopscale", help="project checkout on the hosts")
+    cluster.add_argument("--loopscale-bin", default="loopscale", help="console script on the hosts")
+    cluster.add_argument("--tpu-name", default="my-tpu")
+    cluster.add_argument("--zone", default="us-central2-b")
+    cluster.add_argument("--project", default="")
+    cluster.add_argument("--nodes", type=int, default=1, help="Slurm nodes per run")
+    cluster.add_argument("--gpus-per-node", type=int, default=0)
+    cluster.add_argument("--parallel", type=int, default=0, help="Slurm array tasks at once")
+    cluster.add_argument("--time", default="24:00:00", help="Slurm time limit per run")
+    cluster.add_argument("--partition", default="")
+    cluster.add_argument("--sbatch-arg", action="append", default=[],
+                         help="extra #SBATCH option, e.g. --account=X (repeatable)")
+    p.set_defaults(run=run)
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def run(args: argparse.Namespace) -> int:
+    result = make_plan(args)
+    if args.launcher != "local":
+        return _write_launcher(args, result)
+    if _is_remote(args.workdir):
+        raise UsageError(f"the local runner needs a local --workdir, not {args.workdir}; "
+                         "use --launcher=tpu-pod or --launcher=slurm")
+    return _run_local(args, result)
+
+
+def _run_local(args: argparse.Namespace, result) -> int:
+    from loopscale.sweep import rundirs
+    from loopscale.sweep.plan import read_csv, write_csv
+    from loopscale.sweep.runner import (
+        DEFAULT_TRAIN_COMMAND, Options, Progress, SweepLock, command, run_sweep,
+    )
+
+    workdir = os.path.abspath(args.workdir)
+    train_command = tuple(shlex.split(args.train_command)) if args.train_command \
+        else DEFAULT_TRAIN_COMMAND
+    env = []
+    for item in args.env:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
+        env.append((key, value))
+    options = Options(concurrency=args.concurrency, max_retries=args.max_retries,
+                      train_command=train_command, env=tuple(env))
+    if args.dry_run:
+        for run in result.runs:
+            state = rundirs.status(rundirs.run_dir(workdir, run.run_id))
+            argv = command(run, workdir, train_command)
+            print(f"# {run.run_id} {run.family} ({state})\n{shlex.join(argv)}")
+        return 0
+    with SweepLock(workdir):
+        plan_path = os.path.join(workdir, "plan.csv")
+        if os.path.exists(plan_path):
+            old = {r["run_id"] for r in read_csv(plan_path)}
+            dropped = old - {r.run_id for r in result.runs}
+            if dropped:
+                sys.stderr.write(f"loopscale sweep: note: the plan changed; {len(dropped)} runs "
+                                 "of the previous plan are not in it (kept under runs/, and "
+                                 "collected)\n")
+        write_csv(result.runs, plan_path)
+        outcome = run_sweep(result.runs, workdir, options, Progress())
+    diverged = sum(1 for s in outcome.done.values() if s == "diverged")
+    print(f"{len(outcome.done)}/{len(result.runs)} runs done ({diverged} diverged), "
+          f"{len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted; "
+          f"`loopscale collect {args.workdir} --out=results.csv` tabulates them")
+    for run_id in outcome.failed:
+        log = os.path.join(rundirs.run_dir(workdir, run_id), "train.log")
+        print(f"failed: {run_id} (log: {log})")
+    return 0 if outcome.ok else 1
+
+
+def _write_launcher(args: argparse.Namespace, result) -> int:
+    import json
+
+    from etils import epath
+
+    from loopscale.sweep.launchers import ClusterOptions, script
+    from loopscale.sweep.plan import write_csv
+
+    options = ClusterOptions(
+        repo=args.repo, loopscale=args.loopscale_bin, tpu_name=args.tpu_name, zone=args.zone,
+        project=args.project, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        parallel=args.parallel, time=args.time, partition=args.partition,
+        sbatch_args=tuple(args.sbatch_arg))
+    if args.nodes < 1:
+        raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
+    name, text = script(args.launcher, result.sweep.name, result.runs, args.workdir, options)
+    if args.dry_run:
+        print(text, end="")
+        return 0
+    script_dir = args.script_dir or (os.path.join("launch", result.sweep.name)
+                                     if _is_remote(args.workdir)
+                                     else os.path.join(args.workdir, "launch"))
+    os.makedirs(script_dir, exist_ok=True)
+    path = os.path.join(script_dir, name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    # The plan and each run's plan row go where the runs will be, so collect finds them.
+    top = epath.Path(args.workdir)
+    top.mkdir(parents=True, exist_ok=True)
+    if _is_remote(args.workdir):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            write_csv(result.runs, os.path.join(tmp, "plan.csv"))
+            (top / "plan.csv").write_text(open(os.path.join(tmp, "plan.csv")).read())
+    else:
+        write_csv(result.runs, os.path.join(args.workdir, "plan.csv"))
+    for run in result.runs:
+        rundir = top / "runs" / run.run_id
+        rundir.mkdir(parents=True, exist_ok=True)
+        (rundir / "run.json").write_text(json.dumps(run.row, indent=2) + "\n")
+    how = "sbatch" if args.launcher == "slurm" else "bash"
+    print(f"wrote {path} ({len(result.runs)} runs); launch it with `{how} {path}`")
+    return 0

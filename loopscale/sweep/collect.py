@@ -1,0 +1,157 @@
+"""`collect`: one results row per run, from sweep or run directories (local or gs://).
+
+A row is the run's plan row (run.json beside the run, else DIR/plan.csv, else rebuilt from the
+run's config.json) plus what its summary.json says. Every planned run is a row, whatever its
+state: `pending` (never started), `running` (training, or interrupted), `completed`,
+`diverged`, `failed`; nothing is dropped. Columns, besides the plan's:
+
+    status            pending | running | completed | diverged | failed
+    loss              = final_eval_loss (what `loopscale fit` fits; empty unless completed)
+    final_eval_loss, best_eval_loss, wall_time_s     from summary.json
+    tokens, flops     actually spent (summary.json); the plan's figures are planned_tokens,
+                      planned_flops
+    steps_done        optimizer steps taken
+    params            the sweep's chosen parameter count (shape.params, params_active unless
+                      the sweep says otherwise); params_unique, params_effective, params_active
+                      are all there for `loopscale fit --params-column`
+    attempts          launches the local runner recorded (failed or interrupted ones included)
+    workdir           the run directory
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+
+from etils import epath
+
+from loopscale.errors import UsageError
+from loopscale.sweep.plan import PLAN_COLUMNS, table_columns
+
+RESULT_COLUMNS = (
+    "run_id", "family", "budget", "status", "loss", "params", "params_unique",
+    "params_effective", "params_active", "tokens", "flops", "final_eval_loss", "best_eval_loss",
+    "wall_time_s", "steps_done", "planned_tokens", "planned_flops",
+    *[c for c in PLAN_COLUMNS if c not in ("run_id", "family", "budget", "params",
+                                            "params_unique", "params_effective", "params_active",
+                                            "tokens", "flops")],
+    "attempts", "workdir",
+)
+
+
+def _read_json(path: epath.Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _plan_rows(sweep_dir: epath.Path) -> list[dict]:
+    path = sweep_dir / "plan.csv"
+    if not path.exists():
+        return []
+    return list(csv.DictReader(io.StringIO(path.read_text())))
+
+
+def _row_from_config(rundir: epath.Path) -> dict | None:
+    """A plan row for a run directory that has no run.json (trained by `loopscale train`)."""
+    raw = _read_json(rundir / "config.json")
+    if raw is None:
+        return None
+    import ml_collections
+
+    from loopscale.config import parse
+    from loopscale.sweep.plan import plan_row
+
+    try:
+        config = parse(ml_collections.ConfigDict(raw))
+    except UsageError:  # a config of another loopscale version: keep what the summary says
+        return {"run_id": rundir.name, "family": raw.get("name", "")}
+    return plan_row(config, family=config.name, budget=None, params_key="params_active")
+
+
+def _number(value) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None  # "nan"/"inf" strings from a diverged summary parse; others do not
+    return x if math.isfinite(x) else None
+
+
+def result_row(plan: dict, rundir: epath.Path) -> dict:
+    """The plan row merged with the run's summary.json."""
+    row = dict(plan)
+    row["planned_tokens"] = row.pop("tokens", None)
+    row["planned_flops"] = row.pop("flops", None)
+    summary = _read_json(rundir / "summary.json") or {}
+    row["status"] = summary.get("status", "pending")
+    for key in ("final_eval_loss", "best_eval_loss", "tokens", "flops", "wall_time_s"):
+        row[key] = _number(summary.get(key))
+    row["steps_done"] = summary.get("steps")
+    row["loss"] = row["final_eval_loss"] if row["status"] == "completed" else None
+    attempts = rundir / "attempts.jsonl"
+    row["attempts"] = len(attempts.read_text().splitlines()) if attempts.exists() else 0
+    row["workdir"] = str(rundir)
+    return row
+
+
+def _is_run_dir(path: epath.Path) -> bool:
+    return any((path / name).exists() for name in ("summary.json", "config.json", "run.json"))
+
+
+def collect_dir(directory: str) -> list[dict]:
+    """Rows of one sweep directory (plan.csv and/or runs/*) or of one run directory."""
+    top = epath.Path(directory)
+    if not top.exists():
+        raise UsageError(f"no such directory: {directory}")
+    runs_dir = top / "runs"
+    planned = _plan_rows(top)
+    if not planned and not runs_dir.exists():
+        if _is_run_dir(top):
+            plan = _read_json(top / "run.json") or _row_from_config(top) or {"run_id": top.name}
+            return [result_row(plan, top)]
+        raise UsageError(f"{directory}: neither a sweep directory (plan.csv, runs/) "
+                         "nor a run directory (summary.json, config.json)")
+    rows, seen = [], set()
+    for plan in planned:
+        rundir = runs_dir / plan["run_id"]
+        # run.json is what the run was launched with; plan.csv may be a newer plan.
+        rows.append(result_row(_read_json(rundir / "run.json") or plan, rundir))
+        seen.add(plan["run_id"])
+    # Runs of an earlier plan of this directory, or started by hand: rows too, never dropped.
+    extra = sorted(p for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.exists() else []
+    for rundir in extra:
+        if rundir.name in seen or not _is_run_dir(rundir):
+            continue
+        plan = _read_json(rundir / "run.json") or _row_from_config(rundir)
+        rows.append(result_row(plan or {"run_id": rundir.name}, rundir))
+    return rows
+
+
+def collect(directories: Sequence[str]) -> list[dict]:
+    return [row for d in directories for row in collect_dir(d)]
+
+
+def write_results(rows: Iterable[dict], path: str) -> None:
+    from loopscale.sweep.rundirs import write_text_atomic
+
+    rows = list(rows)
+    columns = table_columns(rows, RESULT_COLUMNS)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    write_text_atomic(path, out.getvalue())
+
+
+def status_counts(rows: Iterable[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return counts

@@ -1,0 +1,361 @@
+"""The IsoFLOP planner: a validated Sweep -> the list of runs that spend its budgets.
+
+Per family, every shape of the shape rule is resolved into a full experiment config (the same
+`load_config` + `parse` path `loopscale train` takes, so the planned run is exactly the trained
+one). For a budget C, a shape with training FLOPs per token f (the config's flop_convention:
+loop-aware, MoE-active, flops.flops_per_token) trains tokens = C / f, i.e.
+steps = round(C / (f * batch_size * seq_len)), and spends flops = steps * batch_size *
+seq_len * f, which is within budget_tolerance of C (rounding to whole steps is the only loss).
+Shapes needing fewer than min_steps (or more than max_steps) steps cannot meet the budget and
+are left out. Of the rest, `shape.sizes` consecutive shapes are kept, centred on the one whose
+tokens per parameter is closest to `shape.tokens_per_param` (the expected optimum), so each
+IsoFLOP curve can have an interior minimum; a budget that no shape can meet is a UsageError.
+
+Every planned run is an experiment file plus a list of `--config.a.b=v` overrides; its run_id is
+a hash of the resolved config (config_hash), so the same sweep plans the same ids anywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import enum
+import hashlib
+import io
+import itertools
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from loopscale import flops as flops_lib
+from loopscale.config import Config, load_config, parse
+from loopscale.errors import UsageError
+from loopscale.sweep.schema import Family, Overrides, ShapeKind, Sweep
+
+# The plan table's columns, in order (a contract: collect, fit and users read them). Grid
+# fields of the sweep are added after SHAPE_COLUMNS under their dotted names.
+SHAPE_COLUMNS = ("d_model", "n_heads", "n_unique", "n_loops", "effective_depth", "ffn")
+PLAN_COLUMNS = (
+    "run_id", "family", "budget", *SHAPE_COLUMNS, "params", "params_unique", "params_effective",
+    "params_active", "params_embedding", "flop_convention", "flops_per_token", "tokens", "steps",
+    "batch_size", "seq_len", "lr", "seed", "flops", "flops_over_budget", "est_device_hours",
+    "experiment", "overrides",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    run_id: str
+    family: str
+    budget: float | None
+    experiment: str
+    overrides: Overrides  # (dotted field, value), each field once
+    config: Config
+    row: dict  # the plan table's row
+
+    def config_args(self) -> list[str]:
+        """`--config=...` and its overrides: the arguments of `loopscale train`, less workdir."""
+        return [f"--config={self.experiment}",
+                *(f"--config.{k}={format_value(v)}" for k, v in self.overrides)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    sweep: Sweep
+    runs: tuple[PlannedRun, ...]
+    notes: tuple[str, ...]  # what the planner left out or warns about, one line each
+
+
+def format_value(value: Any) -> str:
+    """An override value as ml_collections parses it back (tuples as Python literals)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return repr(tuple(value))
+    return str(value)
+
+
+def to_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def config_hash(config: Config) -> str:
+    """12 hex digits of the SHA-256 of the resolved config's canonical JSON. Every field is
+    hashed: anything that could change the run changes its id (data paths and cache included,
+    since `loopscale train` refuses a workdir whose config.json differs in any field)."""
+    text = json.dumps(to_json(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def resolve(experiment: str, overrides: Overrides) -> Config:
+    return parse(load_config(experiment, [f"--config.{k}={format_value(v)}" for k, v in overrides]))
+
+
+def _merge(*sources: Iterable[tuple[str, Any]]) -> Overrides:
+    # Later sources win, and each field appears once, so the command line is unambiguous.
+    merged: dict[str, Any] = {}
+    for source in sources:
+        for key, value in source:
+            merged.pop(key, None)
+            merged[key] = value
+    return tuple(merged.items())
+
+
+def _shape_sets(sweep: Sweep, family: Family, base: Config) -> list[Overrides]:
+    rule = sweep.shape
+    if rule.kind is ShapeKind.FAMILY:
+        return [()]
+    if rule.kind is ShapeKind.SHAPES:
+        return list(rule.shapes)
+    sets = []
+    for d in rule.widths:
+        if rule.n_heads:  # fixed head count: the head size grows with the width
+            if d % rule.n_heads:
+                raise UsageError(f"shape.widths: {d} is not a multiple of shape.n_heads="
+                                 f"{rule.n_heads}")
+            sets.append((("model.d_model", d), ("model.n_heads", rule.n_heads),
+                         ("model.head_dim", 0)))
+            continue
+        head = rule.head_dim or base.model.d_head  # fixed head size: heads grow with the width
+        if d % head:
+            raise UsageError(f"shape.widths: {d} is not a multiple of the head size {head} "
+                             f"(family {family.name})")
+        fields = [("model.d_model", d), ("model.n_heads", d // head)]
+        if base.model.head_dim or rule.head_dim:
+            fields.append(("model.head_dim", head))
+        sets.append(tuple(fields))
+    return sets
+
+
+def _fixed(sweep: Sweep, family: Family, extra_overrides: Overrides = ()) -> Overrides:
+    """Overrides every run of the family shares, before shape, grid, lr and seed (which the
+    planner sets, so they win over anything given here)."""
+    extra = [("name", family.name)]
+    if sweep.flop_convention is not None:
+        extra.append(("flop_convention", sweep.flop_convention.value))
+    if sweep.batch_size:
+        extra.append(("train.batch_size", sweep.batch_size))
+    if sweep.seq_len:
+        extra.append(("train.seq_len", sweep.seq_len))
+    return _merge(sweep.overrides, family.overrides, extra, extra_overrides)
+
+
+def _schedule(sweep: Sweep, steps: int) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [("train.steps", steps)]
+    if sweep.warmup_frac >= 0:
+        out.append(("train.warmup_steps", int(round(sweep.warmup_frac * steps))))
+    if sweep.evals:
+        out.append(("train.eval_every", max(1, steps // sweep.evals)))
+    if sweep.checkpoints:
+        out.append(("train.checkpoint_every", max(1, steps // sweep.checkpoints)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """One shape of one family at one grid point, resolved, with its accounting."""
+
+    overrides: Overrides
+    config: Config
+    counts: dict
+    params: int  # the count of shape.params
+    fpt: float  # training FLOPs per token (the config's convention)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.train.batch_size * self.config.train.seq_len
+
+
+def _resolve_shape(experiment: str, overrides: Overrides, params_key: str) -> _Shape:
+    config = resolve(experiment, overrides)
+    counts = flops_lib.param_counts(config.model)
+    fpt = flops_lib.flops_per_token(config.model, config.train.seq_len, config.flop_convention)
+    return _Shape(overrides, config, counts, counts[params_key], fpt)
+
+
+def _budget_steps(sweep: Sweep, shape: _Shape, budget: float) -> tuple[int | None, str]:
+    """Steps that spend `budget` with this shape, or None and why it cannot."""
+    exact = budget / (shape.fpt * shape.tokens_per_step)
+    steps = max(1, int(round(exact)))
+    what = _describe(shape)
+    if steps < max(1, sweep.min_steps):
+        return None, f"{what} would train {exact:.1f} steps (< min_steps={sweep.min_steps})"
+    if sweep.max_steps and steps > sweep.max_steps:
+        return None, f"{what} would train {exact:.0f} steps (> max_steps={sweep.max_steps})"
+    spent = steps * shape.tokens_per_step * shape.fpt
+    if abs(spent / budget - 1) > sweep.budget_tolerance:
+        return None, (f"{what} spends {spent:.3g} in whole steps, more than "
+                      f"{sweep.budget_tolerance:.0%} from the budget")
+    return steps, ""
+
+
+def _describe(shape: _Shape) -> str:
+    m = shape.config.model
+    return f"d_model={m.d_model} {m.n_unique}x{m.n_loops} ({shape.params:,} params)"
+
+
+def _around_optimum(sweep: Sweep, fits: list[tuple[_Shape, int]]) -> tuple[list, str]:
+    """`shape.sizes` consecutive shapes (by params) centred on the expected optimum."""
+    fits = sorted(fits, key=lambda f: f[0].params)
+    target = math.log(sweep.shape.tokens_per_param)
+    ratios = [math.log(steps * s.tokens_per_step / s.params) for s, steps in fits]
+    centre = min(range(len(fits)), key=lambda i: abs(ratios[i] - target))
+    note = ""
+    # Tokens per parameter fall as shapes grow: is the target beyond an end, by over 2x?
+    beyond = math.log(2.0)
+    if ratios[-1] > target + beyond or ratios[0] < target - beyond:
+        side = "larger" if ratios[-1] > target + beyond else "smaller"
+        note = (f"the expected optimum ({sweep.shape.tokens_per_param:g} tokens/param) needs "
+                f"shapes {side} than the ladder holds; the minimum may sit at its edge")
+    n = sweep.shape.sizes or len(fits)
+    if len(fits) <= n:
+        return fits, note
+    lo = min(max(0, centre - n // 2), len(fits) - n)
+    return fits[lo:lo + n], note
+
+
+def plan_row(config: Config, family: str, budget: float | None, params_key: str,
+             grid: Sequence[tuple[str, Any]] = (), experiment: str = "",
+             overrides: Overrides = (), peak: float | None = None,
+             mfu: float | None = None) -> dict:
+    """The plan table's row of a resolved config (collect rebuilds it for bare run dirs)."""
+    m, t = config.model, config.train
+    counts = flops_lib.param_counts(m)
+    fpt = flops_lib.flops_per_token(m, t.seq_len, config.flop_convention)
+    tokens = t.steps * t.batch_size * t.seq_len
+    spent = tokens * fpt
+    hours = None
+    if peak and mfu:
+        # Device time from what the compiled step executes (grouped MoE matmuls, as on GPU/TPU),
+        # the same numerator the trainer's MFU uses.
+        computed = flops_lib.computed_flops_per_token(m, t.seq_len, ragged_dot_dense=False)
+        hours = tokens * computed / (peak * mfu) / 3600.0
+    return {
+        "run_id": config_hash(config), "family": family, "budget": budget,
+        "d_model": m.d_model, "n_heads": m.n_heads, "n_unique": m.n_unique, "n_loops": m.n_loops,
+        "effective_depth": m.effective_depth, "ffn": m.ffn.value,
+        **{field: format_value(value) for field, value in grid},
+        "params": counts[params_key],
+        **{k: counts[k] for k in ("params_unique", "params_effective", "params_active",
+                                  "params_embedding")},
+        "flop_convention": config.flop_convention.value, "flops_per_token": fpt,
+        "tokens": tokens, "steps": t.steps, "batch_size": t.batch_size, "seq_len": t.seq_len,
+        "lr": t.lr, "seed": config.seed, "flops": spent,
+        "flops_over_budget": spent / budget if budget else None,
+        "est_device_hours": hours,
+        "experiment": experiment,
+        "overrides": " ".join(f"--config.{k}={format_value(v)}" for k, v in overrides),
+    }
+
+
+def parse_config_overrides(args: Sequence[str]) -> Overrides:
+    """`--config.a.b=v` command-line arguments -> (("a.b", "v"), ...); ml_collections parses
+    the values by the fields' types when each run's config is resolved."""
+    out = []
+    for arg in args:
+        key, eq, value = arg.removeprefix("--config.").partition("=")
+        if not eq or not key:
+            raise UsageError(f"{arg}: overrides are --config.a.b=value")
+        out.append((key, value))
+    return tuple(out)
+
+
+def plan(sweep: Sweep, peak_flops: float | None = None, mfu: float | None = None,
+         config_overrides: Overrides = ()) -> Plan:
+    """Expands a sweep into runs (UsageError if a budget cannot be met by any shape).
+    `config_overrides` apply to every run, after the sweep file's (`--config.a.b=v`)."""
+    peak = peak_flops or sweep.peak_flops
+    mfu = mfu or sweep.mfu
+    if peak <= 0 or not 0 < mfu <= 1:
+        raise UsageError("--peak-flops must be positive and --mfu in (0, 1]")
+    keyed: list[tuple[tuple, PlannedRun]] = []
+    notes: list[str] = []
+    grid_points = list(itertools.product(*[[(f, v) for v in vals] for f, vals in sweep.grid]))
+    lrs = [(("train.lr", lr),) for lr in sweep.lrs] or [()]
+    budgets: list[float | None] = list(sweep.budgets) or [None]
+    for fi, family in enumerate(sweep.families):
+        fixed = _fixed(sweep, family, config_overrides)
+        base = resolve(family.experiment, fixed)
+        shape_sets = _shape_sets(sweep, family, base)
+        for gi, point in enumerate(grid_points):
+            shapes = [_resolve_shape(family.experiment, _merge(fixed, s, point), sweep.shape.params)
+                      for s in shape_sets]
+            for bi, budget in enumerate(budgets):
+                for shape, steps in _choose(sweep, family, shapes, budget, notes):
+                    for li, lr in enumerate(lrs):
+                        for seed in sweep.seeds:
+                            overrides = _merge(shape.overrides, lr, [("seed", seed)],
+                                               _schedule(sweep, steps))
+                            config = resolve(family.experiment, overrides)
+                            row = plan_row(config, family.name, budget, sweep.shape.params,
+                                           point, family.experiment, overrides, peak, mfu)
+                            run = PlannedRun(row["run_id"], family.name, budget,
+                                             family.experiment, overrides, config, row)
+                            # Budget-major: small budgets finish first and are fittable early.
+                            keyed.append(((bi, fi, gi, li, seed, shape.params), run))
+    out, seen = [], set()
+    for _, run in sorted(keyed, key=lambda kv: kv[0]):
+        if run.run_id in seen:  # two spellings of one config (e.g. a grid value = the default)
+            notes.append(f"{run.family}: run {run.run_id} planned twice; kept once")
+            continue
+        seen.add(run.run_id)
+        out.append(run)
+    return Plan(sweep, tuple(out), tuple(notes))
+
+
+def _choose(sweep: Sweep, family: Family, shapes: list[_Shape], budget: float | None,
+            notes: list[str]) -> list[tuple[_Shape, int]]:
+    if budget is None:
+        return [(s, sweep.steps or s.config.train.steps) for s in shapes]
+    fits, why_not = [], []
+    for shape in shapes:
+        steps, reason = _budget_steps(sweep, shape, budget)
+        (fits.append((shape, steps)) if steps else why_not.append(reason))
+    if not fits:
+        raise UsageError(f"budget {budget:.3g} cannot be met by any shape of family "
+                         f"{family.name}: {'; '.join(why_not[:2])}"
+                         + (f" (and {len(why_not) - 2} more)" if len(why_not) > 2 else ""))
+    chosen, note = _around_optimum(sweep, fits)
+    if note:
+        notes.append(f"budget {budget:.3g}, {family.name}: {note}")
+    want = sweep.shape.sizes
+    if want and len(chosen) < want:
+        why = f" ({'; '.join(why_not[:2])})" if why_not else ""
+        notes.append(f"budget {budget:.3g}, {family.name}: only {len(chosen)} of {want} sizes "
+                     f"fit{why}")
+    return chosen
+
+
+def write_csv(runs: Sequence[PlannedRun] | Sequence[dict], path: str) -> None:
+    """Writes the plan table (atomically: a reader never sees half a plan)."""
+    from loopscale.sweep.rundirs import write_text_atomic
+
+    rows = [r.row if isinstance(r, PlannedRun) else r for r in runs]
+    columns = table_columns(rows)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    write_text_atomic(path, out.getvalue())
+
+
+def table_columns(rows: Sequence[dict], first: Sequence[str] = PLAN_COLUMNS) -> list[str]:
+    """The known columns in their order, then any others (grid fields) where they first occur."""
+    columns = list(first)
+    extra = [k for row in rows for k in row if k not in columns]
+    extra = list(dict.fromkeys(extra))
+    anchor = columns.index("ffn") + 1 if "ffn" in columns else len(columns)
+    return columns[:anchor] + extra + columns[anchor:]
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

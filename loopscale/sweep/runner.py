@@ -1,0 +1,438 @@
+"""The local sweep runner: every planned run in its own `loopscale train` process, resumably.
+
+Why processes: a run that crashes, diverges or runs out of memory cannot take the runner or
+the other runs with it, and every run gets a fresh JAX (no compiled-function caches piling up).
+They share JAX's persistent compilation cache (DIR/jax_cache), so a resumed run, or a width
+trained again at another budget, does not recompile what was compiled before.
+
+Resuming: the state of a run is what its directory says (rundirs.py), never what the runner
+remembers, so killing the runner at any moment loses nothing:
+- completed and diverged runs are skipped;
+- interrupted runs (summary `running`, or no summary) are launched again and `loopscale train`
+  resumes them from their last checkpoint (it trims metrics.jsonl to that step, so every step
+  is logged once);
+- failed launches are recorded in attempts.jsonl and retried up to `max_retries` times in all,
+  across invocations (bad input, exit 2, is never retried: it would fail the same way).
+No run is trained twice at once: the runner holds DIR/sweep.lock, and each training process
+holds its run's run.lock (the file descriptor is inherited), which outlives a runner killed with
+SIGKILL; such orphans get SIGTERM from the kernel (PR_SET_PDEATHSIG), checkpoint and exit, and
+a new runner waits for their lock before relaunching the run.
+
+Stopping: SIGINT/SIGTERM to the runner sends SIGTERM to every training process (each saves a
+checkpoint at the end of its step and exits) and waits for them; a second signal kills them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from loopscale.errors import UsageError
+from loopscale.sweep import rundirs
+from loopscale.sweep.plan import PlannedRun
+
+DEFAULT_TRAIN_COMMAND = (sys.executable, "-m", "loopscale.cli", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    concurrency: int = 1
+    max_retries: int = 2
+    train_command: tuple[str, ...] = DEFAULT_TRAIN_COMMAND
+    env: tuple[tuple[str, str], ...] = ()  # extra environment for every run
+    poll_s: float = 0.5
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How the sweep stands when the runner returns."""
+
+    done: dict[str, str] = dataclasses.field(default_factory=dict)  # run_id -> completed/diverged
+    failed: list[str] = dataclasses.field(default_factory=list)  # given up
+    interrupted: list[str] = dataclasses.field(default_factory=list)  # stopped by a signal
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.interrupted
+
+
+# ---------------------------------------------------------------- locks
+
+
+class SweepLock:
+    """An exclusive flock on DIR/sweep.lock; the kernel drops it when the holder dies."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, "sweep.lock")
+        self.fd: int | None = None
+
+    def __enter__(self) -> "SweepLock":
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UsageError(f"another sweep runner (pid {holder}) is working on "
+                             f"{os.path.dirname(self.path)}; wait for it or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _try_run_lock(rundir: str) -> int | None:
+    """An fd holding run.lock, or None if a training process (maybe an orphan) holds it."""
+    fd = os.open(os.path.join(rundir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """preexec_fn: the child gets SIGTERM when the runner dies, even by SIGKILL (Linux)."""
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: orphans run on, guarded by run.lock
+            return
+        if os.getppid() != parent:  # the runner died before prctl took effect
+            os._exit(143)
+
+    return preexec
+
+
+# ---------------------------------------------------------------- one run
+
+
+def command(run: PlannedRun, workdir: str, train_command: Sequence[str]) -> list[str]:
+    return [*train_command, *run.config_args(), f"--workdir={rundirs.run_dir(workdir, run.run_id)}"]
+
+
+def cache_env(workdir: str) -> dict[str, str]:
+    """JAX's persistent compilation cache, shared by all runs of the sweep. Tiny CPU steps
+    compile in under a second, below JAX's default threshold for caching, hence the zero."""
+    return {"JAX_COMPILATION_CACHE_DIR": os.path.join(workdir, "jax_cache"),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
+def command_script(argv: Sequence[str], env: dict[str, str], cwd: str) -> str:
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    return ("#!/usr/bin/env bash\n# Trains this run (resumes from its last checkpoint); written "
+            "by `loopscale sweep`.\nset -euo pipefail\n"
+            f"cd {shlex.quote(cwd)}\n{exports}exec {shlex.join(argv)}\n")
+
+
+def run_env(workdir: str, options: Options) -> dict[str, str]:
+    """Variables set for every run: the shared cache (unless the caller's environment already
+    names one, e.g. a machine-wide cache), then the options' own."""
+    env = {k: v for k, v in cache_env(workdir).items() if k not in os.environ}
+    return {**env, **dict(options.env)}
+
+
+def prepare(run: PlannedRun, workdir: str, options: Options) -> tuple[list[str], dict[str, str]]:
+    """Writes run.json and command.sh into the run directory; returns (argv, extra env)."""
+    rundir = rundirs.run_dir(workdir, run.run_id)
+    os.makedirs(rundir, exist_ok=True)
+    argv = command(run, workdir, options.train_command)
+    env = run_env(workdir, options)
+    row = {k: v for k, v in run.row.items()}
+    rundirs.write_text_atomic(os.path.join(rundir, "run.json"), json.dumps(row, indent=2) + "\n")
+    script = os.path.join(rundir, "command.sh")
+    rundirs.write_text_atomic(script, command_script(argv, env, os.getcwd()))
+    os.chmod(script, 0o755)
+    return argv, env
+
+
+@dataclasses.dataclass
+class _Active:
+    run: PlannedRun
+    proc: subprocess.Popen
+    started: float
+    log: object
+
+
+def _launch(run: PlannedRun, workdir: str, options: Options, lock_fd: int) -> _Active:
+    argv, extra = prepare(run, workdir, options)
+    rundir = rundirs.run_dir(workdir, run.run_id)
+    env = {**os.environ, **extra}
+    log = open(os.path.join(rundir, "train.log"), "a")
+    log.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch: {shlex.join(argv)}\n")
+    log.flush()
+    try:
+        # New session: a Ctrl-C in the terminal reaches the runner only, which then stops the
+        # runs cleanly with SIGTERM. pass_fds: the child holds run.lock for as long as it lives.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=(lock_fd,), preexec_fn=_die_with_parent(os.getpid()))
+    finally:
+        os.close(lock_fd)  # the child's copy keeps the lock
+    return _Active(run, proc, time.time(), log)
+
+
+def _finish(active: _Active, workdir: str, stopping: bool) -> str:
+    """Records a finished launch; returns done / failed / interrupted / retry."""
+    rc = active.proc.returncode
+    active.log.write(f"==> exit {rc}\n")
+    active.log.close()
+    rundir = rundirs.run_dir(workdir, active.run.run_id)
+    status = rundirs.status(rundir)
+    if status in rundirs.DONE:
+        outcome = "done"
+    elif stopping:
+        outcome = "interrupted"  # our own SIGTERM: not the run's fault, not counted
+    else:
+        outcome = "failed"
+    rundirs.record_attempt(rundir, {"rc": rc, "status": status, "outcome": outcome,
+                                    "started": active.started, "ended": time.time()})
+    return outcome
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class _Signals:
+    """SIGINT/SIGTERM: the first stops the runs cleanly, the second kills them."""
+
+    def __init__(self):
+        self.count = 0  # signals received
+        self.sent = 0  # escalation already applied: 1 SIGTERM sent, 2 SIGKILL sent
+        self._old: dict = {}
+
+    def __enter__(self) -> "_Signals":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _signal_all(active: list[_Active], sig: int) -> None:
+    for a in active:
+        try:
+            os.killpg(a.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _triage(runs: Sequence[PlannedRun], workdir: str, options: Options,
+            outcome: Outcome) -> list[PlannedRun]:
+    """Sorts runs by what their directories say: done, given up, or to run (in plan order)."""
+    todo = []
+    for run in runs:
+        rundir = rundirs.run_dir(workdir, run.run_id)
+        status = rundirs.status(rundir)
+        if status in rundirs.DONE:
+            outcome.done[run.run_id] = status
+        elif rundirs.given_up(rundir, options.max_retries):
+            outcome.failed.append(run.run_id)
+        else:
+            todo.append(run)
+    return todo
+
+
+def _launch_next(todo: list[PlannedRun], workdir: str, options: Options) -> _Active | None:
+    """Launches the first run whose run.lock is free (a held one: an orphan is exiting)."""
+    for i, run in enumerate(todo):
+        rundir = rundirs.run_dir(workdir, run.run_id)
+        os.makedirs(rundir, exist_ok=True)
+        fd = _try_run_lock(rundir)
+        if fd is not None:
+            todo.pop(i)
+            return _launch(run, workdir, options, fd)
+    return None
+
+
+def run_sweep(runs: Sequence[PlannedRun], workdir: str, options: Options,
+              progress: "Progress | None" = None) -> Outcome:
+    """Runs every planned run that is not done yet, `options.concurrency` at a time."""
+    if options.concurrency < 1:
+        raise UsageError(f"--concurrency must be at least 1, got {options.concurrency}")
+    if options.max_retries < 0:
+        raise UsageError(f"--max-retries must be >= 0, got {options.max_retries}")
+    outcome = Outcome()
+    todo = _triage(runs, workdir, options, outcome)
+    if progress:
+        progress.start(runs, outcome)
+    active: list[_Active] = []
+    with _Signals() as signals:
+        while todo or active:
+            stopping = signals.count > 0
+            if stopping and signals.sent == 0:
+                _signal_all(active, signal.SIGTERM)
+                signals.sent = 1
+            if signals.count > 1 and signals.sent == 1:
+                _signal_all(active, signal.SIGKILL)
+                signals.sent = 2
+            while not stopping and todo and len(active) < options.concurrency:
+                launched = _launch_next(todo, workdir, options)
+                if launched is None:
+                    break
+                active.append(launched)
+                if progress:
+                    progress.launched(launched.run)
+            if stopping and not active:
+                outcome.interrupted.extend(r.run_id for r in todo)
+                break
+            time.sleep(options.poll_s)
+            for a in [a for a in active if a.proc.poll() is not None]:
+                active.remove(a)
+                result = _finish(a, workdir, stopping)
+                rundir = rundirs.run_dir(workdir, a.run.run_id)
+                gave_up = False
+                if result == "done":
+                    outcome.done[a.run.run_id] = rundirs.status(rundir)
+                elif result == "interrupted":
+                    outcome.interrupted.append(a.run.run_id)
+                elif rundirs.given_up(rundir, options.max_retries):
+                    outcome.failed.append(a.run.run_id)
+                    gave_up = True
+                else:
+                    todo.insert(0, a.run)  # retry it next
+                if progress:
+                    progress.finished(a.run, result, rundir, gave_up)
+            if progress:
+                progress.tick(active, workdir)
+    if progress:
+        progress.close(outcome)
+    return outcome
+
+
+# ---------------------------------------------------------------- progress
+
+
+class Progress:
+    """A progress bar over the sweep's planned FLOPs (runs differ ~10x in cost, so run counts
+    make a poor ETA), moved by finished runs and by the steps running ones have logged.
+    Without a terminal it prints one line per finished run instead."""
+
+    def __init__(self, stream=sys.stderr, bar: bool | None = None):
+        self.stream = stream
+        self.bar_enabled = stream.isatty() if bar is None else bar
+        self.bar = None
+        self.total = 0.0
+        self.finished_flops = 0.0
+        self.n_total = 0
+        self.counts = {"done": 0, "failed": 0}
+        self.t0 = time.time()
+        self.start_flops = 0.0
+
+    @staticmethod
+    def _flops(run: PlannedRun) -> float:
+        return float(run.row.get("flops") or 0.0) or 1.0
+
+    def start(self, runs: Sequence[PlannedRun], outcome: Outcome) -> None:
+        self.n_total = len(runs)
+        self.total = sum(self._flops(r) for r in runs)
+        self.finished_flops = sum(self._flops(r) for r in runs
+                                  if r.run_id in outcome.done or r.run_id in outcome.failed)
+        self.start_flops = self.finished_flops
+        self.counts["done"] = len(outcome.done)
+        self.counts["failed"] = len(outcome.failed)
+        if self.bar_enabled:
+            from tqdm import tqdm
+
+            tqdm.monitor_interval = 0  # no monitor thread: fork (preexec_fn) wants one thread
+            self.bar = tqdm(total=self.total, initial=self.finished_flops, unit="FLOP",
+                            unit_scale=True, file=self.stream, desc="sweep", dynamic_ncols=True)
+            self._postfix(0)
+        else:
+            left = self.n_total - self.counts["done"] - self.counts["failed"]
+            self._line(f"{self.n_total} runs: {self.counts['done']} done, "
+                       f"{self.counts['failed']} given up, {left} to run")
+
+    def launched(self, run: PlannedRun) -> None:
+        if not self.bar:
+            budget = "-" if run.budget is None else f"{run.budget:.3g}"
+            self._line(f"start {run.run_id} {run.family} budget={budget} "
+                       f"d_model={run.config.model.d_model} steps={run.config.train.steps}")
+
+    def finished(self, run: PlannedRun, result: str, rundir: str, gave_up: bool = False) -> None:
+        if result == "done":
+            self.counts["done"] += 1
+            self.finished_flops += self._flops(run)
+        elif result == "failed":
+            n, _ = rundirs.failures(rundir)
+            result = "gave up" if gave_up else f"failed x{n}, retrying"
+            if gave_up:
+                self.counts["failed"] += 1
+                self.finished_flops += self._flops(run)
+        summary = rundirs.read_json(os.path.join(rundir, "summary.json")) or {}
+        loss = summary.get("final_eval_loss")
+        text = (f"{result:<8} {run.run_id} {run.family} d_model={run.config.model.d_model} "
+                f"status={summary.get('status', rundirs.PENDING)}"
+                + (f" eval_loss={loss:.4f}" if isinstance(loss, (int, float)) else "")
+                + ("" if result == "done" else f" (log: {os.path.join(rundir, 'train.log')})"))
+        done = self.counts["done"]
+        self._line(f"[{done}/{self.n_total}] {text}{self._eta_text(self.finished_flops)}")
+
+    def _eta_text(self, flops_done: float) -> str:
+        gained = flops_done - self.start_flops
+        left = self.total - flops_done
+        if gained <= 0 or left <= 0:
+            return ""
+        eta = (time.time() - self.t0) * left / gained
+        return f" eta {_duration(eta)}"
+
+    def tick(self, active: list[_Active], workdir: str) -> None:
+        if not self.bar:
+            return
+        partial = 0.0
+        for a in active:
+            row = rundirs.last_row(os.path.join(rundirs.run_dir(workdir, a.run.run_id),
+                                                "metrics.jsonl"))
+            steps = a.run.config.train.steps
+            if row and steps:
+                partial += self._flops(a.run) * min(1.0, row.get("step", 0) / steps)
+        self.bar.n = min(self.total, self.finished_flops + partial)
+        self._postfix(len(active))
+        self.bar.refresh()
+
+    def _postfix(self, running: int) -> None:
+        self.bar.set_postfix_str(f"runs {self.counts['done']}/{self.n_total} done, "
+                                 f"{running} running", refresh=False)
+
+    def _line(self, text: str) -> None:
+        if self.bar:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self, outcome: Outcome) -> None:
+        if self.bar:
+            self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -1,0 +1,49 @@
+"""FLT stability study (PAPERS.md section 1): the five injection modes at 6, 9 and 12 loops.
+
+    loopscale plan --sweep=sweeps/flt_stability.py --out=plan.csv
+    loopscale sweep --sweep=sweeps/flt_stability.py --workdir=runs/flt_stability --concurrency=2
+    loopscale collect runs/flt_stability --out=results.csv
+
+15 runs: injection none (the original LT), input, attn_first, fla and flt, each at 6, 9 and 12
+loops, one seed, same data order. Every run logs the study's diagnostics (gradient norm,
+per-loop residual norms, per-loop gradient norms every 25 steps) and records `collapsed` in
+summary.json. What it should show: the original LT stalling at the byte-unigram loss with a
+growing last-loop residual norm at 9 and 12 loops (collapsed: true), `input` and `attn_first`
+failing at high loop counts, `fla` damping the residual growth without always avoiding
+collapse, and `flt` training at every loop count.
+
+ARG `tiny` (default): the CPU setting of PAPERS.md's practical notes (d 128, 2 layers per loop,
+byte-level KJV, sequence 128, batch 16, AdamW 3e-3), 300 steps: about 7 minutes per 12-loop
+run on a 2-core CPU, ~1.5 hours for the sweep at concurrency 2. ARG `small`: the study's
+stability runs, the Small model (6 layers, d 384) for 2,000 steps, Muon recipe, on an
+accelerator (`--launcher=tpu-pod|slurm`).
+"""
+
+from ml_collections import ConfigDict
+
+INJECTIONS = ("none", "input", "attn_first", "fla", "flt")
+
+
+def get_config(arg: str | None = "tiny") -> ConfigDict:
+    size = arg or "tiny"
+    s = ConfigDict()
+    s.name = "flt_stability"
+    s.families = {inj: {"experiment": f"experiments/flt.py:{size}",
+                        "overrides": {"model": {"injection": inj}}} for inj in INJECTIONS}
+    s.select = ",".join(INJECTIONS)
+    s.overrides = {"train": {"loop_grad_every": 25}}
+    s.flop_convention = ""
+    s.budgets = ()
+    s.budget_tolerance = 0.05
+    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "shapes": (),
+               "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
+    s.batch_size, s.seq_len = 0, 0
+    s.seeds = (0,)
+    s.lrs = ()
+    s.grid = {"model": {"n_loops": (6, 9, 12)}}
+    s.steps = 300 if size == "tiny" else 2000
+    s.min_steps, s.max_steps = 0, 0
+    s.warmup_frac = -1.0  # the study's recipe: no warmup (the preset's 0)
+    s.evals, s.checkpoints = 6, 6
+    s.peak_flops, s.mfu = (1.9e11, 0.25) if size == "tiny" else (459e12, 0.4)
+    return s

@@ -1,0 +1,52 @@
+"""Permutation traversal (PAPERS.md section 3): looped 4x8 against unshared 32 layers.
+
+    loopscale plan --sweep=sweeps/permutation.py:paper --out=plan.csv
+    loopscale sweep --sweep=sweeps/permutation.py:paper --workdir=gs://BUCKET/perm --launcher=slurm
+    loopscale collect gs://BUCKET/perm --out=results.csv
+
+Two families trained identically (16 nodes, 8 hops, width 256, 20,000 steps): `looped_4x8`
+(a 4-layer block iterated 8 times) and `unshared_32` (32 distinct layers), over 3 seeds, 3
+learning rates (1e-3, 3e-4, 1e-4) and with or without intermediate supervision: 36 runs. What
+it should show: looped 4x8 solving the task with every seed at every learning rate; unshared
+32 failing at 1e-3 and succeeding only at a lower learning rate or with intermediate
+supervision. The answer accuracy sits beside the shortcut accuracy (answering the start node).
+
+Caveat: intermediate supervision reads out at loop boundaries, so for `unshared_32`
+(n_loops=1) it supervises nothing until the trainer reads out every 4 layers of an unshared
+stack; those runs currently duplicate the unsupervised ones in all but their run_id.
+
+ARG `tiny` (default): a CPU smoke test, 2x2 looped against 4 unshared layers at width 64,
+200 steps, 2 seeds and 2 learning rates (16 runs of seconds each); the study's effect needs
+thousands of steps (PAPERS.md), so expect chance-level answers there.
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config(arg: str | None = "tiny") -> ConfigDict:
+    paper = arg == "paper"
+    exp = f"experiments/permutation.py:{'paper' if paper else 'tiny'}"
+    deep = 32 if paper else 4
+    s = ConfigDict()
+    s.name = "permutation"
+    s.families = {
+        "looped": {"experiment": exp, "overrides": {}},  # paper: 4 x 8; tiny: 2 x 2
+        "unshared": {"experiment": exp, "overrides": {"model": {"n_unique": deep, "n_loops": 1}}},
+    }
+    s.select = "looped,unshared"
+    s.overrides = {}
+    s.flop_convention = ""
+    s.budgets = ()
+    s.budget_tolerance = 0.05
+    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "shapes": (),
+               "sizes": 0, "tokens_per_param": 20.0, "params": "params_unique"}
+    s.batch_size, s.seq_len = 0, 0
+    s.seeds = (0, 1, 2) if paper else (0, 1)
+    s.lrs = (1e-3, 3e-4, 1e-4) if paper else (1e-3, 3e-4)
+    s.grid = {"train": {"intermediate_supervision": (False, True)}}
+    s.steps = 20000 if paper else 200
+    s.min_steps, s.max_steps = 0, 0
+    s.warmup_frac = 0.01
+    s.evals, s.checkpoints = 20 if paper else 4, 20 if paper else 2
+    s.peak_flops, s.mfu = (459e12, 0.4) if paper else (1.9e11, 0.25)
+    return s

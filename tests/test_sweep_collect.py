@@ -1,0 +1,120 @@
+"""collect: a row for every planned run whatever its state (pending, running, completed,
+diverged, failed), runs outside the plan too, and a table `loopscale fit` reads directly."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from loopscale.sweep import load_sweep
+from loopscale.sweep.collect import collect
+from loopscale.sweep.plan import plan, write_csv
+from loopscale.sweep.rundirs import run_dir
+
+
+def law(n, d):
+    return 1.7 + 40.0 / n ** 0.35 + 300.0 / d ** 0.35
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """A sweep directory as the runner leaves it: the isoflop_cpu plan, most runs completed with
+    losses from a Chinchilla-style law, and one run in each other state."""
+    workdir = str(tmp_path_factory.mktemp("sweep"))
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py")).runs
+    write_csv(runs, os.path.join(workdir, "plan.csv"))
+    states = {0: "pending", 1: "running", 2: "diverged", 3: "failed"}
+    for i, run in enumerate(runs):
+        status = states.get(i, "completed")
+        if status == "pending":
+            continue
+        rundir = run_dir(workdir, run.run_id)
+        os.makedirs(rundir)
+        with open(os.path.join(rundir, "run.json"), "w") as f:
+            json.dump(run.row, f)
+        summary = {"status": status, "steps": run.row["steps"] // 2, "wall_time_s": 3.0}
+        if status == "completed":
+            loss = law(run.row["params"], run.row["tokens"])
+            summary.update(final_eval_loss=loss, best_eval_loss=loss - 0.01, steps=run.row["steps"],
+                           tokens=run.row["tokens"], flops=run.row["flops"])
+        if status == "diverged":
+            summary.update(final_train_loss="nan", best_eval_loss=4.2)
+        with open(os.path.join(rundir, "summary.json"), "w") as f:
+            json.dump(summary, f)
+        with open(os.path.join(rundir, "attempts.jsonl"), "w") as f:
+            f.write(json.dumps({"outcome": "done"}) + "\n")
+    return workdir, runs
+
+
+def test_every_run_is_a_row_with_its_status(sweep_dir):
+    workdir, runs = sweep_dir
+    rows = collect([workdir])
+    assert [r["run_id"] for r in rows] == [r.run_id for r in runs]
+    statuses = [r["status"] for r in rows]
+    assert statuses[:4] == ["pending", "running", "diverged", "failed"]
+    assert set(statuses[4:]) == {"completed"}
+    done = rows[5 + 4]
+    assert done["loss"] == done["final_eval_loss"] and done["tokens"] == int(done["planned_tokens"])
+    assert rows[2]["loss"] is None and rows[2]["best_eval_loss"] == 4.2  # diverged: no fit loss
+    assert rows[0]["tokens"] is None and rows[0]["attempts"] == 0
+    for key in ("params", "params_unique", "params_effective", "params_active", "budget",
+                "family", "d_model", "steps", "lr", "seed", "wall_time_s"):
+        assert key in rows[4]
+    assert rows[4]["params"] == rows[4]["params_active"]  # the sweep's shape.params
+
+
+def test_runs_outside_the_plan_are_kept(sweep_dir, tmp_path):
+    workdir, runs = sweep_dir
+    # A run directory `loopscale train` wrote by hand (config.json and summary.json only).
+    stray = os.path.join(workdir, "runs", "handmade")
+    os.makedirs(stray)
+    config = runs[5].config
+    from loopscale.sweep.plan import to_json
+
+    with open(os.path.join(stray, "config.json"), "w") as f:
+        json.dump(to_json(config), f)
+    with open(os.path.join(stray, "summary.json"), "w") as f:
+        json.dump({"status": "running"}, f)
+    try:
+        rows = collect([workdir])
+        extra = [r for r in rows if r["workdir"].endswith("handmade")]
+        assert len(rows) == len(runs) + 1 and len(extra) == 1
+        assert extra[0]["status"] == "running" and extra[0]["family"] == config.name
+        assert extra[0]["params_active"] == runs[5].row["params_active"]
+        # A single run directory is a table of one row.
+        (row,) = collect([stray])
+        assert row["run_id"] == runs[5].run_id
+    finally:
+        import shutil
+
+        shutil.rmtree(stray)
+
+
+def test_collect_then_fit(sweep_dir, tmp_path):
+    workdir, runs = sweep_dir
+    out = tmp_path / "results.csv"
+    r = subprocess.run([sys.executable, "-m", "loopscale.cli", "collect", workdir,
+                        f"--out={out}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1 diverged" in r.stdout and "1 pending" in r.stdout and "1 failed" in r.stdout
+    with open(out) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(runs)
+    assert list(table[0])[:5] == ["run_id", "family", "budget", "status", "loss"]
+    fit = subprocess.run([sys.executable, "-m", "loopscale.cli", "fit", str(out),
+                          f"--out={tmp_path / 'fit.json'}", "--bootstrap=0", "--grid=small"],
+                         capture_output=True, text=True)
+    assert fit.returncode == 0, fit.stderr
+    doc = json.loads((tmp_path / "fit.json").read_text())
+    assert set(doc["families"]) == {"base", "looped", "moe", "looped_moe"}
+    assert {e["status"] for e in doc["excluded"]} == {None, "running", "diverged", "failed",
+                                                      "pending"} - {None}
+
+
+def test_collect_refuses_a_directory_without_runs(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "loopscale.cli", "collect", str(tmp_path),
+                        f"--out={tmp_path / 'r.csv'}"], capture_output=True, text=True)
+    assert r.returncode == 2 and "neither a sweep directory" in r.stderr
