@@ -19,5 +19,10 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
 
+# The CPU demo end to end: sweeps/isoflop_cpu.py (4 families x 3 budgets x 5 widths on the KJV
+# text) -> collect -> fit -> report. Interrupted, it resumes; run again, it reuses what is done.
+demo: $(STAMP)
+	$(BIN)/loopscale demo --workdir=runs/demo
+
 clean:
 	rm -rf $(VENV) .pytest_cache

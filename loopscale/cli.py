@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "train", "plan", "sweep", "collect")
+COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "coordcheck", "train", "plan", "sweep", "collect", "demo")
 
 
 class OneLineParser(argparse.ArgumentParser):

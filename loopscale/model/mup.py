@@ -93,8 +93,9 @@ ROLE_OF_NAME = {
 
 
 def _leaf_name(path) -> str:
-    last = path[-1]
-    return str(getattr(last, "key", getattr(last, "name", last)))
+    """The parameter's own name: the last dict key (a boxed leaf adds `.value` after it)."""
+    keys = [k for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return str(keys[-1].key)
 
 
 def param_roles(params):
