@@ -22,7 +22,7 @@ def setup():
     # Every role present: embedding, hidden, readout, router (MoE), norm (learnable gains).
     cfg = tiny_model_config(d_model=128, n_heads=4, base_d_model=32, ffn="moe", norm_gain=True,
                             n_loops=2)
-    boxed = LoopedLM(cfg).init(jax.random.PRNGKey(0), tokens())["params"]
+    boxed = jax.jit(LoopedLM(cfg).init)(jax.random.PRNGKey(0), tokens())["params"]
     params = nn.unbox(boxed)
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
