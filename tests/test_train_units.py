@@ -21,6 +21,7 @@ from helpers import tiny_model_config, tokens
 
 from loopscale.config import load_config, parse
 from loopscale.data import permutation
+from loopscale.flops import flops_per_token
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics
 from loopscale.train.optimizer import build_optimizer
@@ -384,9 +385,14 @@ def test_variable_loop_training(corpus, tmp_path):
     for r in rows:
         assert len(r["residual_norm"]) == r["n_loops"]
         assert math.isfinite(r["loss"])
-    # The step's FLOPs follow the loop count it ran.
+    # Each step's FLOPs are the analytic count at the loop count it ran (embedding and
+    # unembedding once, the looped block once per loop).
     flops = np.diff([0.0] + [r["flops"] for r in rows])
-    np.testing.assert_allclose(flops / np.asarray(loops), flops[0] / loops[0], rtol=1e-9)
+    tokens = cfg.train.batch_size * cfg.train.seq_len
+    want = [tokens * flops_per_token(dataclasses.replace(cfg.model, n_loops=k), cfg.train.seq_len,
+                                     cfg.flop_convention) for k in loops]
+    np.testing.assert_allclose(flops, want, rtol=1e-9)
+    assert flops[loops.index(2)] > flops[loops.index(1)]
     # Deterministic: the logged counts are a pure function of (seed, step), so a second run (or
     # a resumed one) draws the same; a new seed draws others. (A second full run would only
     # repeat the compiles: the trainer holds no other source of randomness for this choice.)
