@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
 from loopscale.commands.common import add_fit_args
 from loopscale.errors import UsageError
+from loopscale.files import write_text_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     except FitError as e:
         raise UsageError(str(e)) from e
     doc = fitting.to_json(result)
-    _write_atomically(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    write_text_atomic(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     for line in doc["warnings"]:
         sys.stderr.write(f"loopscale fit: warning: {line}\n")
     print(fitting.summary_table(doc))
@@ -93,16 +92,3 @@ def _pairs(specs: list[str] | None, families: tuple[str, ...]
     return tuple(pairs)
 
 
-def _write_atomically(path: str, text: str) -> None:
-    # A crash mid-write must not leave a truncated fit.json over a good one.
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".fit-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

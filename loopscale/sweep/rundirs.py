@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+
+from loopscale.files import write_text_atomic  # noqa: F401  (the sweep modules write through here)
 
 DONE = ("completed", "diverged")
 PENDING = "pending"
@@ -27,21 +28,6 @@ PENDING = "pending"
 
 def run_dir(workdir: str, run_id: str) -> str:
     return os.path.join(workdir, "runs", run_id)
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    # A runner killed mid-write must leave the old file or the new one, never half of one.
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def read_json(path: str) -> dict | None:
