@@ -44,6 +44,14 @@ def test_flops_default_to_6nd_and_a_table_without_family_is_all():
     assert table.families == ("all",)
 
 
+def test_tokens_follow_from_flops_when_the_table_has_no_tokens():
+    frame = _frame()
+    frame["flops"] = 6 * frame["params"] * frame["tokens"] * 2  # D is then twice the column
+    table = prepare_table(frame.drop(columns=["tokens"]))
+    np.testing.assert_allclose(table.runs["tokens"], 2 * frame["tokens"])
+    assert "tokens = flops / (6 * params)" in table.flops_source
+
+
 def test_rows_with_unusable_numbers_are_excluded_with_the_reason():
     table = prepare_table(_frame(loss=[3.2, np.nan, 3.15, "oops"], params=[1e6, 2e6, -4e6, 8e6]))
     assert len(table.runs) == 1

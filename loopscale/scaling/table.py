@@ -3,7 +3,7 @@
 Columns (names are part of the command-line contract):
   params   parameter count to fit against (another column with `--params-column`, e.g.
            params_active, params_unique, params_effective)
-  tokens   training tokens D
+  tokens   training tokens D (optional when flops is given: then D = C / (6 N), stated)
   loss     final loss L
   flops    training compute C (optional; else C = 6 * params * tokens, stated in fit.json)
   family   model family (optional; a table without it is one family named `all`)
@@ -114,7 +114,10 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
                   source: str = "table") -> ResultsTable:
     """Validates an in-memory table the same way read_table does."""
     _require(frame, columns.params, source, param_hint=True)
-    _require(frame, columns.tokens, source)
+    # Tables that give compute but not tokens (e.g. Chinchilla's) imply D = C / (6 N).
+    tokens_from_flops = columns.tokens not in frame.columns and columns.flops in frame.columns
+    if not tokens_from_flops:
+        _require(frame, columns.tokens, source)
     _require(frame, columns.loss, source)
 
     out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
@@ -126,13 +129,18 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
     else:
         out[FAMILY] = ALL_FAMILY
     out[PARAMS] = _numeric(frame[columns.params])
-    out[TOKENS] = _numeric(frame[columns.tokens])
     out[LOSS] = _numeric(frame[columns.loss])
     has_flops = columns.flops in frame.columns
-    if has_flops:
+    if tokens_from_flops:
+        out[FLOPS] = _numeric(frame[columns.flops])
+        out[TOKENS] = out[FLOPS] / (6.0 * out[PARAMS])
+        flops_source = f"column {columns.flops}; tokens = {columns.flops} / (6 * {columns.params})"
+    elif has_flops:
+        out[TOKENS] = _numeric(frame[columns.tokens])
         out[FLOPS] = _numeric(frame[columns.flops])
         flops_source = f"column {columns.flops}"
     else:
+        out[TOKENS] = _numeric(frame[columns.tokens])
         out[FLOPS] = 6.0 * out[PARAMS] * out[TOKENS]
         flops_source = f"6*{columns.params}*{columns.tokens}"
     has_budget = columns.budget in frame.columns
