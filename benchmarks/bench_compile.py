@@ -14,27 +14,16 @@ import dataclasses
 import time
 
 import jax
-import jax.numpy as jnp
 
 from loopscale.config import load_config, parse
-from loopscale.model import LoopedLM
-from loopscale.xla_cost import abstract_params, training_loss
+from loopscale.xla_cost import lower_train_step
 
 
 def compile_seconds(model_cfg, train) -> tuple[float, float, float]:
     """(lower, compile, compile CPU) seconds of the training step of `model_cfg`; CPU time is
     the steadier figure on a shared machine."""
-    model = LoopedLM(model_cfg)
-    B, T = train.batch_size, train.seq_len
-    params = abstract_params(model, B, T)
-    ints = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    mask = jax.ShapeDtypeStruct((B, T), jnp.bool_)
-
-    def loss(p, tokens, targets, m):
-        return training_loss(model, train, p, tokens, targets, m)
-
     start = time.perf_counter()
-    lowered = jax.jit(jax.value_and_grad(loss)).lower(params, ints, ints, mask)
+    lowered = lower_train_step(model_cfg, train)
     lowered_at, cpu = time.perf_counter(), time.process_time()
     lowered.compile()
     return lowered_at - start, time.perf_counter() - lowered_at, time.process_time() - cpu

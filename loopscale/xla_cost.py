@@ -51,9 +51,9 @@ def abstract_params(model: LoopedLM, batch: int, seq_len: int):
     return nn.unbox(variables["params"])
 
 
-def train_step_cost(model_cfg: ModelConfig, train: TrainConfig) -> dict:
-    """`cost_analysis()` of the compiled, unrolled training step: flops, transcendentals, bytes."""
-    model = LoopedLM(dataclasses.replace(model_cfg, scan=False))
+def lower_train_step(model_cfg: ModelConfig, train: TrainConfig):
+    """The lowered (not yet compiled) value-and-grad of the training loss on abstract inputs."""
+    model = LoopedLM(model_cfg)
     B, T = train.batch_size, train.seq_len
     params = abstract_params(model, B, T)
     ints = jax.ShapeDtypeStruct((B, T), jnp.int32)
@@ -62,7 +62,12 @@ def train_step_cost(model_cfg: ModelConfig, train: TrainConfig) -> dict:
     def loss(p, tokens, targets, m):
         return training_loss(model, train, p, tokens, targets, m)
 
-    compiled = jax.jit(jax.value_and_grad(loss)).lower(params, ints, ints, mask).compile()
+    return jax.jit(jax.value_and_grad(loss)).lower(params, ints, ints, mask)
+
+
+def train_step_cost(model_cfg: ModelConfig, train: TrainConfig) -> dict:
+    """`cost_analysis()` of the compiled, unrolled training step: flops, transcendentals, bytes."""
+    compiled = lower_train_step(dataclasses.replace(model_cfg, scan=False), train).compile()
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
         cost = cost[0]

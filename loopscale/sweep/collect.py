@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from etils import epath
 
 from loopscale.errors import UsageError
-from loopscale.sweep.plan import PLAN_COLUMNS, table_columns
+from loopscale.sweep.plan import PLAN_COLUMNS, write_rows
 
 RESULT_COLUMNS = (
     "run_id", "family", "budget", "status", "loss", "params", "params_unique",
@@ -138,16 +138,7 @@ def collect(directories: Sequence[str]) -> list[dict]:
 
 
 def write_results(rows: Iterable[dict], path: str) -> None:
-    from loopscale.sweep.rundirs import write_text_atomic
-
-    rows = list(rows)
-    columns = table_columns(rows, RESULT_COLUMNS)
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
-    write_text_atomic(path, out.getvalue())
+    write_rows(list(rows), path, RESULT_COLUMNS)
 
 
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:

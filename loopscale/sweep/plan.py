@@ -333,18 +333,23 @@ def _choose(sweep: Sweep, family: Family, shapes: list[_Shape], budget: float | 
     return chosen
 
 
-def write_csv(runs: Sequence[PlannedRun] | Sequence[dict], path: str) -> None:
-    """Writes the plan table (atomically: a reader never sees half a plan)."""
+def write_rows(rows: Sequence[dict], path: str, first: Sequence[str] = PLAN_COLUMNS) -> None:
+    """Writes a table of dicts as CSV, `first` columns first (atomically: a reader never sees
+    half a table)."""
     from loopscale.sweep.rundirs import write_text_atomic
 
-    rows = [r.row if isinstance(r, PlannedRun) else r for r in runs]
-    columns = table_columns(rows)
+    columns = table_columns(rows, first)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
     write_text_atomic(path, out.getvalue())
+
+
+def write_csv(runs: Sequence[PlannedRun] | Sequence[dict], path: str) -> None:
+    """Writes the plan table."""
+    write_rows([r.row if isinstance(r, PlannedRun) else r for r in runs], path)
 
 
 def table_columns(rows: Sequence[dict], first: Sequence[str] = PLAN_COLUMNS) -> list[str]:
