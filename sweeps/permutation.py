@@ -11,9 +11,8 @@ it should show: looped 4x8 solving the task with every seed at every learning ra
 32 failing at 1e-3 and succeeding only at a lower learning rate or with intermediate
 supervision. The answer accuracy sits beside the shortcut accuracy (answering the start node).
 
-Caveat: intermediate supervision reads out at loop boundaries, so for `unshared_32`
-(n_loops=1) it supervises nothing until the trainer reads out every 4 layers of an unshared
-stack; those runs currently duplicate the unsupervised ones in all but their run_id.
+Intermediate supervision reads out at the looped model's loop boundaries, and at every 4th
+layer boundary of `unshared_32` (the same depths; data/permutation.py `layer_labels`).
 
 ARG `tiny` (default): a CPU smoke test, 2x2 looped against 4 unshared layers at width 64,
 200 steps, 2 seeds and 2 learning rates (16 runs of seconds each); the study's effect needs

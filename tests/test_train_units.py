@@ -421,6 +421,33 @@ def test_intermediate_supervision_trains_on_the_permutation_task(tmp_path):
         assert r["loss"] == pytest.approx(r["ce"] + r["loop_supervision_loss"], rel=1e-5)
 
 
+def test_unshared_model_is_supervised_at_layer_boundaries(tmp_path):
+    """One loop of 4 layers on 4 hops: the boundaries after layers 1, 2, 3 carry hops 1, 2, 3."""
+    overrides = ["--config.train.intermediate_supervision=true", "--config.train.steps=2",
+                 "--config.train.batch_size=4", "--config.train.eval_every=0",
+                 "--config.train.checkpoint_every=0", "--config.train.eval_batches=1",
+                 "--config.train.warmup_steps=1", "--config.train.peak_flops=1e12",
+                 "--config.model.d_model=32", "--config.model.n_unique=4",
+                 "--config.model.n_loops=1", "--config.data.hops_min=4",
+                 "--config.data.hops_max=4"]
+    cfg = parse(load_config("experiments/permutation.py:tiny", overrides))
+    assert train(cfg, str(tmp_path / "run"), devices=ONE) == 0
+    rows = [r for r in metric_rows(tmp_path / "run") if "loss" in r]
+    for r in rows:
+        assert r["layer_supervision_loss"] > 0 and "loop_supervision_loss" not in r
+        assert r["loss"] == pytest.approx(r["ce"] + r["layer_supervision_loss"], rel=1e-5)
+
+
+def test_layer_labels_space_the_hops_over_the_depth():
+    batch = {"hop_labels": np.array([[5, 6, 7, 8, 9, 10, 11, 12], [3, 4, 0, 0, 0, 0, 0, 0]]),
+             "hops": np.array([8, 2])}
+    labels, mask = permutation.layer_labels(batch, 32)
+    assert labels.shape == mask.shape == (2, 31)
+    assert list(np.nonzero(mask[0])[0] + 1) == [4, 8, 12, 16, 20, 24, 28]
+    assert list(labels[0][mask[0]]) == [5, 6, 7, 8, 9, 10, 11]
+    assert list(np.nonzero(mask[1])[0] + 1) == [16] and list(labels[1][mask[1]]) == [3]
+
+
 def test_loop_labels_feed_the_supervision():
     """The trainer builds `loop_labels` from the batch (data/permutation.py)."""
     task = permutation.PermutationTask(8, 2, 4, seed=0, split="train",

@@ -32,7 +32,11 @@ Intermediate supervision: hop j's label supervises loop boundary j (the output o
 answer_pos). When n_loops != H, `loop_labels` gives the convention: one hop per loop; loops
 after the walk has ended (j > H) hold the answer; the last loop always answers, so with
 n_loops < H the last loop has to do the remaining hops at once. `loop_labels` is what a trainer
-or a probe should call rather than indexing hop_labels itself.
+or a probe should call rather than indexing hop_labels itself. An unshared model (one loop) is
+supervised at its layer boundaries instead (`layer_labels`): with L layers and H hops, the
+boundary after layer l carries the node after l*H/L hops where that is a whole number (after
+layers 4, 8, ... for 32 layers and 8 hops: the depth at which the looped 4 x 8 model's loop
+boundaries sit), and nothing elsewhere.
 
 Shortcut: answering s itself is right exactly when the length of s's cycle divides H. For a
 uniformly random permutation the cycle length of a given node is uniform on 1..n, so the
@@ -200,6 +204,18 @@ def loop_labels(batch: dict[str, np.ndarray], n_loops: int) -> np.ndarray:
     labels = np.take_along_axis(hop_labels, np.minimum(idx, hop_labels.shape[1] - 1), axis=1)
     labels[:, -1] = np.asarray(batch["answer"])
     return labels.astype(np.int32)
+
+
+def layer_labels(batch: dict[str, np.ndarray], n_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, mask), each (B, n_layers - 1): the node the boundary after layer l (1-based,
+    l < n_layers; the last layer is the answer's) is supervised with, and whether it is."""
+    hop_labels, hops = np.asarray(batch["hop_labels"]), np.asarray(batch["hops"])
+    layer = np.arange(1, n_layers)[None, :]
+    done = layer * hops[:, None]
+    mask = (done % n_layers == 0) & (done > 0)
+    idx = np.clip(done // n_layers - 1, 0, hop_labels.shape[1] - 1)
+    labels = np.where(mask, np.take_along_axis(hop_labels, idx, axis=1), 0)
+    return labels.astype(np.int32), mask
 
 
 def shortcut_accuracy(batch: dict[str, np.ndarray]) -> float:

@@ -43,9 +43,24 @@ def loop_supervision_loss(exit_logits_KxBxTxV, batch) -> jax.Array:
     return cross_entropy(logits_nxBxV, labels_BxK[:, :n].T, jnp.ones_like(labels_BxK[:, :n].T))
 
 
+def layer_supervision_loss(params, model: LoopedLM, layer_hidden_LxBxTxD, batch) -> jax.Array:
+    """Intermediate supervision of an unshared model: the boundary after layer l, read out with
+    the shared final norm and unembedding at the answer position, is trained on
+    `layer_labels[:, l]` where `layer_label_mask` says so (data/permutation.py)."""
+    labels_BxL, mask_BxL, pos_B = batch["layer_labels"], batch["layer_label_mask"], batch["answer_pos"]
+    n = labels_BxL.shape[1]
+    rows = jnp.arange(pos_B.shape[0])
+    hidden_nxBxD = layer_hidden_LxBxTxD[:n, rows, pos_B]
+    logits_nxBxV = model.apply({"params": params}, hidden_nxBxD, method=LoopedLM.readout)
+    return cross_entropy(logits_nxBxV, labels_BxL.T, mask_BxL.T)
+
+
 def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
     cfg = model.cfg
     supervise = train.intermediate_supervision and "loop_labels" in batch
+    supervise_layers = train.intermediate_supervision and "layer_labels" in batch
+    if supervise_layers:
+        model = model.clone(collect_layers=True)
     out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops,
                       exit_logits=supervise or cfg.loss_loops is not LossLoops.LAST)
     mask = batch["mask"]
@@ -57,6 +72,9 @@ def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
     if supervise:
         hop = loop_supervision_loss(out.exit_logits, batch)
         total, aux["loop_supervision_loss"] = total + hop, hop
+    if supervise_layers:
+        hop = layer_supervision_loss(params, model, out.layer_hidden[-1], batch)
+        total, aux["layer_supervision_loss"] = total + hop, hop
     if out.moe is not None:
         total = total + train.lb_loss_weight * out.lb_loss + train.router_z_weight * out.router_z
         aux.update(lb_loss=out.lb_loss, router_z=out.router_z,

@@ -121,6 +121,15 @@ def _loops_for_step(config: Config, step: int) -> int:
     return int(np.random.default_rng([config.seed, step]).choice(choices))
 
 
+def _supervision_labels(local: dict, n_loops: int, n_layers: int) -> dict:
+    """Per-step targets of intermediate supervision: loop boundaries of a looped model, layer
+    boundaries of an unshared one (data/permutation.py documents both conventions)."""
+    if n_loops > 1:
+        return {"loop_labels": permutation.loop_labels(local, n_loops)}
+    labels, mask = permutation.layer_labels(local, n_layers)
+    return {"layer_labels": labels, "layer_label_mask": mask}
+
+
 def _host_row(metrics: dict) -> dict:
     return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
             for k, v in jax.device_get(metrics).items()}
@@ -212,7 +221,7 @@ def train(config: Config, workdir: str, devices=None) -> int:
             unigram.update(np.asarray(local["targets"]), np.asarray(local["mask"]))
             n_loops = _loops_for_step(config, step)
             if t.intermediate_supervision and "hop_labels" in local:
-                local = {**local, "loop_labels": permutation.loop_labels(local, n_loops)}
+                local = {**local, **_supervision_labels(local, n_loops, config.model.n_unique)}
             batch = _global_batch(local, s.batch_sharding)
             if n_loops not in steps_fns:
                 fn = jax.jit(functools.partial(train_step, model=s.model, tx=s.tx, train=t, n_loops=n_loops),
