@@ -22,9 +22,7 @@ def corpus(tmp_path_factory):
     return trainkit.write_corpus(str(root / "text")), str(root / "cache")
 
 
-def rows(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+rows = trainkit.metric_rows
 
 
 def train_losses(workdir):

@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 
 import flax.linen as nn
 import jax
@@ -361,9 +360,7 @@ def corpus(tmp_path_factory):
     return trainkit.write_corpus(str(root / "text")), str(root / "cache")
 
 
-def metric_rows(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+metric_rows = trainkit.metric_rows
 
 
 ONE = jax.devices()[:1]  # one device: the cheapest compile on a shared CPU

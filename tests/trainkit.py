@@ -1,5 +1,6 @@
 """Shared pieces of the trainer tests: a small local text corpus and tiny run configs."""
 
+import json
 import os
 import subprocess
 import sys
@@ -37,3 +38,9 @@ def loopscale_cmd(*args: str) -> list[str]:
 
 def run_cli(*args: str, env=None, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(loopscale_cmd(*args), capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def metric_rows(workdir) -> list[dict]:
+    """The rows of a run's metrics.jsonl."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -259,7 +259,8 @@ def train(config: Config, workdir: str, devices=None) -> int:
                 status = "diverged"
                 break
             if t.eval_every and done % t.eval_every == 0 and done != t.steps:
-                run.log({"step": done, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)})
+                rows.append({"step": done, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)})
+                run.log(rows[-1])
             if t.checkpoint_every and done % t.checkpoint_every == 0 and done != t.steps:
                 checkpointer.save(done, state, data_iter)
             if stop.requested:
@@ -281,11 +282,12 @@ def train(config: Config, workdir: str, devices=None) -> int:
             checkpointer.save(step + 1, state, data_iter)
     if status == "completed":
         final = evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)
-        run.log({"step": t.steps, **final})
+        rows.append({"step": t.steps, **final})
+        run.log(rows[-1])
     checkpointer.close()
     run.close()
 
-    evals = [r["eval_loss"] for r in _read_rows(run) if "eval_loss" in r]
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     train_rows = [r for r in rows if "loss" in r]
     entropy = unigram.value()
     summary.update(
@@ -313,9 +315,3 @@ def train(config: Config, workdir: str, devices=None) -> int:
                            if summary[k] is not None)
         print(f"{workdir}: {status} at step {summary['steps']}; {losses}")
     return EXIT_DIVERGED if status == "diverged" else 0
-
-
-def _read_rows(run: RunDirectory) -> list[dict]:
-    if not run.metrics_path.exists():
-        return []
-    return [json.loads(line) for line in run.metrics_path.read_text().splitlines() if line.strip()]
