@@ -71,7 +71,9 @@ def test_slurm_task_runs_its_command(runs, tmp_path):
     bin_dir.mkdir()
     (bin_dir / "srun").write_text('#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
                                   'SLURM_PROCID=0 exec "$@"\n')
-    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho node-a\necho node-b\n")
+    # A long host list: a reader that stops after the first line would SIGPIPE scontrol.
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho node-a\n"
+                                      "for i in $(seq 20000); do echo node-$i; done\n")
     (bin_dir / "loopscale").write_text(
         '#!/usr/bin/env bash\necho "$JAX_COORDINATOR_ADDRESS $JAX_NUM_PROCESSES $JAX_PROCESS_ID"\n'
         'printf "%s\\n" "$@"\n')
