@@ -23,7 +23,7 @@ from loopscale.data import permutation
 from loopscale.flops import flops_per_token
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics
-from loopscale.train.optimizer import build_optimizer
+from loopscale.train.optimizer import build_optimizer, scheduled_update
 from loopscale.train.rundir import RunDirectory, write_json_atomic
 from loopscale.train.step import (
     TrainState,
@@ -95,10 +95,10 @@ def opt_params():
 
 
 def one_step(train, params, grads_list):
-    tx, _ = build_optimizer(train, OPT_MODEL)
+    tx, lr_factor = build_optimizer(train, OPT_MODEL)
     state, out = tx.init(params), []
-    for grads in grads_list:
-        updates, state = tx.update(grads, state, params)
+    for i, grads in enumerate(grads_list):
+        updates, state = scheduled_update(tx, grads, state, params, lr_factor(i))
         out.append(updates)
     return out, state
 
@@ -153,10 +153,10 @@ def test_independent_weight_decay(opt_params, lr):
     train = train_config(weight_decay=wd, weight_decay_mode="independent", schedule="constant",
                          warmup_steps=4, lr=lr, grad_clip=0.0)
     zeros = jax.tree.map(jnp.zeros_like, params)
-    tx, _ = build_optimizer(train, OPT_MODEL)
+    tx, lr_factor = build_optimizer(train, OPT_MODEL)
     state, p = tx.init(params), params
-    for _ in range(3):  # the parameters move, so each step decays the new ones
-        updates, state = tx.update(zeros, state, p)
+    for i in range(3):  # the parameters move, so each step decays the new ones
+        updates, state = scheduled_update(tx, zeros, state, p, lr_factor(i))
         p = optax.apply_updates(p, updates)
     factor = (1 - wd * 0.0) * (1 - wd * 0.25) * (1 - wd * 0.5)
     for role, path in ROLE_PATHS.items():
@@ -266,7 +266,7 @@ def test_train_step_reports_the_gradient_norm_before_clipping(tiny):
                        opt_state=tx.init(tiny["params"]))
     step = jax.jit(functools.partial(train_step, model=tiny["model"], tx=tx, train=train,
                                      n_loops=tiny["cfg"].n_loops))
-    new, metrics = step(state, tiny["batch"])
+    new, metrics = step(state, tiny["batch"], jnp.float32(1.0))
     norm = float(optax.tree.norm(tiny["grads"]))
     assert norm > 100 * c
     assert float(metrics["grad_norm"]) == pytest.approx(norm, rel=1e-5)
@@ -280,6 +280,21 @@ def test_train_step_reports_the_gradient_norm_before_clipping(tiny):
     np.testing.assert_allclose(
         np.sum(np.square(metrics["grad_norm_block"])),
         float(optax.tree.norm(tiny["grads"]["loop"])) ** 2, rtol=1e-4)
+
+
+def test_the_compiled_step_does_not_depend_on_the_schedule(tiny):
+    """The schedule enters as the lr_factor argument, so runs of one model at different
+    budgets (steps, warmup) lower to the same program and share a compilation."""
+    texts = []
+    for steps, warmup in ((50, 5), (400, 40)):
+        train = dataclasses.replace(tiny["train"], steps=steps, warmup_steps=warmup)
+        tx, _ = build_optimizer(train, tiny["cfg"])
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=tiny["params"],
+                           opt_state=tx.init(tiny["params"]))
+        step = jax.jit(functools.partial(train_step, model=tiny["model"], tx=tx, train=train,
+                                         n_loops=tiny["cfg"].n_loops))
+        texts.append(step.lower(state, tiny["batch"], jnp.float32(0.5)).as_text())
+    assert texts[0] == texts[1]
 
 
 def test_per_loop_gradients_sum_to_the_shared_gradient(tiny):

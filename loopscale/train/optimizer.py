@@ -5,6 +5,13 @@ the width ratio d_model/base_d_model. Adam's update is invariant to the gradient
 factor must multiply the *update*: after `scale_by_adam`, before the (scheduled) learning rate.
 The labels come from `param_roles` and the factors from `mup.scaling`, the same table the init
 and the forward multipliers read, so the three cannot disagree.
+
+The trainer's optimiser (`build_optimizer`) runs at the peak learning rate and the schedule is
+applied outside it, as a per-step multiplier (`scheduled_update`): every recipe's update is
+linear in the learning rate (Adam and Muon directions, coupled decay before the LR, independent
+decay scaled by lr_t/peak), so this is exact, and it keeps the schedule's step counts out of the
+compiled step: runs of one model at different budgets share one executable (and the persistent
+compilation cache).
 """
 
 from __future__ import annotations
@@ -61,23 +68,22 @@ def _decay_mask(params):
     return jax.tree.map(lambda label: label in DECAYED_ROLES, role_labels(params))
 
 
-def _weight_decay(train: TrainConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+def _independent_decay(train: TrainConfig) -> optax.GradientTransformation:
     """Independent decay (applied after the LR): p -= wd * (lr_t / peak) * p, so the decay rate
-    follows the schedule's shape but not its peak; coupled decay is added before the LR."""
-    peak = train.lr or 1.0
-    return optax.add_decayed_weights(lambda count: -train.weight_decay * schedule(count) / peak,
-                                     mask=_decay_mask)
+    follows the schedule's shape (the multiplier `scheduled_update` applies) but not its peak;
+    coupled decay is added before the LR."""
+    return optax.add_decayed_weights(-train.weight_decay, mask=_decay_mask)
 
 
-def adamw_with_mup(train: TrainConfig, cfg: ModelConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+def adamw_with_mup(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransformation:
     coupled = train.weight_decay and train.weight_decay_mode is WeightDecay.COUPLED
     independent = train.weight_decay and train.weight_decay_mode is WeightDecay.INDEPENDENT
     return optax.chain(
         optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
         optax.add_decayed_weights(train.weight_decay, mask=_decay_mask) if coupled else optax.identity(),
         mup_lr_scaling(cfg),
-        optax.scale_by_learning_rate(schedule),
-        _weight_decay(train, schedule) if independent else optax.identity(),
+        optax.scale_by_learning_rate(train.lr),
+        _independent_decay(train) if independent else optax.identity(),
     )
 
 
@@ -98,16 +104,13 @@ def _muon_dimensions(params):
 def muon_recipe(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransformation:
     """The FLT study's recipe: Muon (train.lr) on every block matrix, AdamW on the embedding
     (train.embed_lr) and the output head (train.head_lr), and on norm gains and routers at
-    train.lr; one schedule shape for all, each group at its own peak."""
-    def group_lr(peak: float) -> optax.Schedule:
-        return learning_rate(train, peak=peak or train.lr)
-
+    train.lr; each group at its own peak, all under the one schedule multiplier."""
     def adamw(peak: float) -> optax.GradientTransformation:
-        return optax.adamw(group_lr(peak), b1=train.b1, b2=train.b2, eps=train.eps,
+        return optax.adamw(peak or train.lr, b1=train.b1, b2=train.b2, eps=train.eps,
                            weight_decay=0.0)
 
     return optax.multi_transform({
-        "hidden": muon(group_lr(train.lr), beta=train.b2, weight_decay=train.weight_decay,
+        "hidden": muon(train.lr, beta=train.b2, weight_decay=train.weight_decay,
                        muon_weight_dimension_numbers=_muon_dimensions),
         "embedding": adamw(train.embed_lr),
         "readout": adamw(train.head_lr),
@@ -117,11 +120,18 @@ def muon_recipe(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransform
 
 
 def build_optimizer(train: TrainConfig, cfg: ModelConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The full optimiser of a run (clipping first, on the raw gradient) and its LR schedule."""
-    schedule = learning_rate(train)
+    """The full optimiser of a run at its peak LR (clipping first, on the raw gradient) and the
+    schedule's multiplier, step -> lr_t / peak, to pass to `scheduled_update`."""
     if train.optimizer is Optimizer.MUON:
         body = muon_recipe(train, cfg)
     else:
-        body = adamw_with_mup(train, cfg, schedule)
+        body = adamw_with_mup(train, cfg)
     clip = optax.clip_by_global_norm(train.grad_clip) if train.grad_clip else optax.identity()
-    return optax.chain(clip, body), schedule
+    return optax.chain(clip, body), learning_rate(train, peak=1.0)
+
+
+def scheduled_update(tx: optax.GradientTransformation, grads, opt_state, params,
+                     lr_factor: jax.Array):
+    """`tx.update` at the peak LR, scaled by this step's schedule multiplier."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return jax.tree.map(lambda u: lr_factor * u, updates), opt_state

@@ -17,6 +17,7 @@ from loopscale.config.schema import LossLoops, TrainConfig
 from loopscale.model import LoopedLM
 from loopscale.model.loss import cross_entropy, lm_loss, z_loss
 from loopscale.train.diagnostics import routing_overlap
+from loopscale.train.optimizer import scheduled_update
 
 
 @flax.struct.dataclass
@@ -117,10 +118,12 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
         lambda g: g * scale, grads)
 
 
-def train_step(state: TrainState, batch, *, model: LoopedLM, tx: optax.GradientTransformation,
-               train: TrainConfig, n_loops: int):
+def train_step(state: TrainState, batch, lr_factor: jax.Array, *, model: LoopedLM,
+               tx: optax.GradientTransformation, train: TrainConfig, n_loops: int):
+    """One optimiser step; `lr_factor` is the schedule's multiplier lr_t / peak for this step
+    (an argument, so the compiled step does not depend on the schedule: optimizer.py)."""
     loss, aux, grads = gradients(state.params, batch, model, train, n_loops)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = scheduled_update(tx, grads, state.opt_state, state.params, lr_factor)
     params = optax.apply_updates(state.params, updates)
     layer_grads = grads["loop"]["stack"]
     metrics = {

@@ -52,9 +52,10 @@ class _Setup:
     mesh: jax.sharding.Mesh
     model: LoopedLM
     tx: object
-    schedule: object
+    lr_factor: object  # step -> lr_t / peak (optimizer.py: the schedule lives outside tx)
     state_shardings: object
     batch_sharding: object
+    replicated: object
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -95,13 +96,14 @@ def setup(config: Config, devices=None) -> _Setup:
         raise UsageError(f"train.batch_size={config.train.batch_size} must be divisible by "
                          f"data-parallel size {dp} x train.grad_accum={config.train.grad_accum}")
     model = LoopedLM(config.model)
-    tx, schedule = build_optimizer(config.train, config.model)
+    tx, lr_factor = build_optimizer(config.train, config.model)
     rng = jax.random.PRNGKey(config.seed)
     abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len), rng)
     specs = nn.get_partition_spec(abstract)
     shardings = nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
     mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
-    return _Setup(config, mesh, model, tx, schedule, shardings, mesh_lib.batch_sharding(mesh))
+    return _Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh),
+                  jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def init_state(s: _Setup):
@@ -185,6 +187,8 @@ def train(config: Config, workdir: str, devices=None) -> int:
     steps_fns, eval_fns, loop_grad_fns = {}, {}, {}
     compile_time = 0.0
     tokens_per_step = t.batch_size * t.seq_len
+    # The schedule's multiplier for every step, evaluated once (not one small dispatch a step).
+    lr_factors = np.asarray(jax.vmap(s.lr_factor)(jnp.arange(t.steps)), np.float32)
 
     @functools.cache
     def train_flops_per_token(n_loops: int) -> float:
@@ -223,21 +227,22 @@ def train(config: Config, workdir: str, devices=None) -> int:
             if t.intermediate_supervision and "hop_labels" in local:
                 local = {**local, **_supervision_labels(local, n_loops, config.model.n_unique)}
             batch = _global_batch(local, s.batch_sharding)
+            lr_factor = lr_factors[step]
             if n_loops not in steps_fns:
                 fn = jax.jit(functools.partial(train_step, model=s.model, tx=s.tx, train=t, n_loops=n_loops),
-                             in_shardings=(s.state_shardings, s.batch_sharding),
+                             in_shardings=(s.state_shardings, s.batch_sharding, s.replicated),
                              out_shardings=(s.state_shardings, None), donate_argnums=0)
                 t0 = time.time()
-                steps_fns[n_loops] = fn.lower(state, batch).compile()
+                steps_fns[n_loops] = fn.lower(state, batch, lr_factor).compile()
                 compile_time += time.time() - t0
             t0 = time.time()
-            state, metrics = steps_fns[n_loops](state, batch)
+            state, metrics = steps_fns[n_loops](state, batch, lr_factor)
             row = _host_row(metrics)  # waits for the step
             dt = time.time() - t0
             done = step + 1
             flops_done += train_flops_per_token(n_loops) * tokens_per_step
             row.update(
-                step=done, n_loops=n_loops, lr=float(s.schedule(step)),
+                step=done, n_loops=n_loops, lr=t.lr * float(lr_factor),
                 tokens=done * tokens_per_step, flops=flops_done,
                 step_time_s=dt, tokens_per_s=tokens_per_step / dt,
                 mfu=model_flops_per_token * tokens_per_step / dt / peak,
