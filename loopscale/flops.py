@@ -37,7 +37,7 @@ not counted, about 1% at d 128 on CPU). MoE: on CPU, JAX lowers `jax.lax.ragged_
 (the assignments masked into an E x A x D array, then one matmul against all experts), so the
 dropless step really executes E times the grouped expert FLOPs, forward and backward, and it is
 counted that way; `ragged_dot_dense=False` counts a grouped kernel (GPU/TPU lowerings). The
-capacity path counts its dispatch and combine einsums and the experts on all E*C slots.
+capacity path counts its gathers, queue cumsum and combine and the experts on all E*C slots.
 Against XLA it is within 0.3% on the test matrix (tests/test_flops.py), 1.2% with loop remat.
 """
 
@@ -140,7 +140,7 @@ EW_SOFTCAP = 5  # per logit: divide, multiply, and the tanh derivative
 EW_DENSE_MASK = 4  # per element of the CPU ragged_dot expansion: 2 compares, and, select
 EW_GATHER = 10  # per assigned token and d_model: sort gather, unsort gather, combine, backward
 EW_ROUTER = 20  # per token and expert: softmaxes, one-hot load, both aux losses
-EW_SLOTS = 6  # capacity dispatch, per (token, choice, expert, slot): one-hot, gate products
+EW_QUEUE = 4  # capacity dispatch, per (token, choice, expert): one-hot queue and its cumsum
 
 
 def _moe_costs(cfg: ModelConfig, seq_len: int,
@@ -152,8 +152,9 @@ def _moe_costs(cfg: ModelConfig, seq_len: int,
     of the three matmuls (forward, two backward) costs E times the grouped one, plus a select
     mask per expanded element (once per distinct expanded operand: XLA reuses the rest). On GPU
     and TPU it lowers to a grouped matmul (`ragged_dot_dense=False`).
-    Capacity dispatch: one-hot dispatch and combine einsums over E x C slots per sequence (the
-    dispatch side is built from integers, so it gets no gradient), experts on all E*C slots."""
+    Capacity dispatch: tokens gathered into E x C slots per sequence and back (no matmuls),
+    queue positions from a cumsum over a one-hot (integers: no gradient), the experts on all
+    E*C slots, filled or not."""
     D, E, k, F = cfg.d_model, cfg.n_experts, cfg.top_k, cfg.expert_width
     nm = ffn_matrices(cfg)
     router = 2 * D * E
@@ -168,11 +169,10 @@ def _moe_costs(cfg: ModelConfig, seq_len: int,
         return 3 * fwd + ew, fwd, combine
     C = capacity(cfg, seq_len)
     slots = E * C / seq_len  # expert rows per token, filled or not
-    dispatch = combine = 2 * E * C * D
-    experts = slots * nm * 2 * D * F
-    fwd = router + dispatch + experts + combine
-    ew += EW_ACTIVATION[cfg.mlp] * slots * F + EW_SLOTS * k * E * C
-    return 3 * fwd - dispatch + ew, fwd, combine
+    combine = 2 * k * D  # the gate-weighted sum of the k gathered expert outputs
+    fwd = router + slots * nm * 2 * D * F + combine
+    ew += EW_ACTIVATION[cfg.mlp] * slots * F + EW_GATHER * k * D + EW_QUEUE * k * E
+    return 3 * fwd + ew, fwd, combine
 
 
 def _layer_costs(cfg: ModelConfig, seq_len: int,
