@@ -11,7 +11,7 @@ import pytest
 
 from loopscale.config import base_config, parse
 from loopscale.data import make_dataset, permutation
-from loopscale.data.pipeline import assemble
+from loopscale.data.pipeline import Examples, assemble, stack
 from loopscale.errors import UsageError
 
 
@@ -69,7 +69,7 @@ def stream(
     source, *, split="train", seed=0, batch_size=4, process_index=0, process_count=1, eval_batches=2
 ):
     return assemble(
-        grain.MapDataset.source(source),
+        Examples(len(source), lambda indices: stack([source[int(i)] for i in indices])),
         vocab_size=1,
         split=split,
         seed=seed,

@@ -17,11 +17,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-import grain
-
 from loopscale.config.schema import DataConfig, DataSource, TrainConfig
 from loopscale.data import permutation, text, tfds_source
-from loopscale.data.pipeline import Dataset, assemble
+from loopscale.data.pipeline import Dataset, Examples, assemble, stack
 
 __all__ = ["Dataset", "make_dataset"]
 
@@ -30,14 +28,16 @@ def _permutation(data: DataConfig, train: TrainConfig, seed: int, split: str):
     task = permutation.make_task(data, seed, split, train.seq_len)
     # Generated data: the train split is an endless index space, eval a finite one.
     n = sys.maxsize if split == "train" else train.eval_batches * train.batch_size
-    return grain.MapDataset.range(n).map(task), task.vocab_size
+    return Examples(n, lambda indices: stack([task(int(i)) for i in indices])), task.vocab_size
 
 
 def _packed(corpus_fn: Callable[[DataConfig], text.Corpus]):
     def build(data: DataConfig, train: TrainConfig, seed: int, split: str):
         packed = text.packed_corpus(corpus_fn(data), data, train.seq_len)
         path = packed.train_path if split == "train" else packed.val_path
-        examples = grain.MapDataset.source(text.record_source(path)).map(text.lm_example)
+        source = text.record_source(path)
+        examples = Examples(len(source),
+                            lambda indices: text.lm_batch(source.__getitems__(indices.tolist())))
         return examples, packed.vocab_size
 
     return build

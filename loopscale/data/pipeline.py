@@ -10,6 +10,11 @@ local batches of B/P examples and process p keeps local batches p, p+P, p+2P, ..
 every global batch, reading nothing else. Concatenating the processes' batches in process order
 gives the global batch, whatever P is.
 
+Reading. Order, batching and sharding act on example *indices*; each local batch of indices is
+then read in one call (`Examples.read`), so a file source answers a batch with one batched read
+(ArrayRecord's `__getitems__`: ~10 us a record against ~100 us for single reads, which made the
+data loader a sixth of a tiny model's step) and turns it into arrays with one vectorised step.
+
 State. `Dataset.iterator()` returns a grain `DatasetIterator`; `get_state()`/`set_state()` are
 a small JSON-able dict. With orbax, save it beside the train state:
 
@@ -28,12 +33,31 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grain
+import numpy as np
 
 from loopscale.errors import UsageError
 
 SPLITS = ("train", "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """An indexed set of examples (`length` may be sys.maxsize: endless generated data), read a
+    batch at a time: `read(indices)` returns the examples at those indices, stacked."""
+
+    length: int
+    read: Callable[[np.ndarray], Any]
+
+
+def stack(items: Sequence[Any]) -> Any:
+    """Items (arrays or flat dicts of arrays) -> one batch with a new leading axis."""
+    if isinstance(items[0], dict):
+        return {k: np.stack([item[k] for item in items]) for k in items[0]}
+    return np.stack(items)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +96,7 @@ def local_batch_size(batch_size: int, process_index: int, process_count: int) ->
 
 
 def ordered(examples: grain.MapDataset, split: str, seed: int, n_eval: int) -> grain.MapDataset:
-    """The global example stream of a split (see the module docstring)."""
+    """The global example stream of a split (see the module docstring), here of indices."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     if split == "eval":
@@ -91,7 +115,7 @@ def ordered(examples: grain.MapDataset, split: str, seed: int, n_eval: int) -> g
 
 
 def assemble(
-    examples: grain.MapDataset,
+    examples: Examples,
     *,
     vocab_size: int,
     split: str,
@@ -102,10 +126,11 @@ def assemble(
     process_count: int,
     worker_count: int,
 ) -> Dataset:
-    """Examples (a MapDataset of dicts of arrays) -> this process's batches."""
+    """Examples -> this process's batches."""
     b_local = local_batch_size(batch_size, process_index, process_count)
-    stream = ordered(examples, split, seed, eval_batches * batch_size)
-    batches = stream.batch(b_local, drop_remainder=True)[process_index::process_count]
+    stream = ordered(grain.MapDataset.range(examples.length), split, seed, eval_batches * batch_size)
+    index_batches = stream.batch(b_local, drop_remainder=True)[process_index::process_count]
+    batches = index_batches.map(examples.read)
     # A few threads and a short prefetch: data is small and CPUs are shared with the trainer.
     ds = batches.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
     if worker_count > 0:

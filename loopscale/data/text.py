@@ -258,9 +258,15 @@ def record_source(path: Path) -> grain.sources.ArrayRecordDataSource:
 
 def lm_example(record: bytes) -> dict[str, np.ndarray]:
     """One packed record -> next-token example; every position counts in the loss."""
-    tokens = np.frombuffer(record, dtype="<i4").astype(np.int32)
+    return {k: v[0] for k, v in lm_batch([record]).items()}
+
+
+def lm_batch(records: Sequence[bytes]) -> dict[str, np.ndarray]:
+    """Packed records of one length -> a batch of next-token examples (every position counts)."""
+    tokens = np.frombuffer(b"".join(records), dtype="<i4").astype(np.int32)
+    tokens = tokens.reshape(len(records), -1)
     return {
-        "inputs": tokens[:-1],
-        "targets": tokens[1:],
-        "mask": np.ones(len(tokens) - 1, dtype=bool),
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "mask": np.ones((len(records), tokens.shape[1] - 1), dtype=bool),
     }
