@@ -173,7 +173,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     (tmp_path / "runs" / "r0").mkdir(parents=True)
     bad = tmp_path / "bad.csv"
     pd.DataFrame({"params": [1.0, 2.0], "loss": [3.0, 2.0]}).to_csv(bad, index=False)
-    for source, words in ((tmp_path, "loopscale collect"), (tmp_path / "runs", "results.csv"),
+    for source, words in ((tmp_path, "holds no runs"), (tmp_path / "runs", "results.csv"),
                           (bad, "missing column 'tokens'"), (tmp_path / "nope.csv", "no such")):
         assert main(["report", str(source), f"--out={tmp_path / 'out'}"]) == 2
         err = capsys.readouterr().err

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from loopscale.cli import main
 from loopscale.sweep import load_sweep
 from loopscale.sweep.collect import collect
 from loopscale.sweep.plan import plan, write_csv
@@ -118,3 +119,18 @@ def test_collect_refuses_a_directory_without_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "loopscale.cli", "collect", str(tmp_path),
                         f"--out={tmp_path / 'r.csv'}"], capture_output=True, text=True)
     assert r.returncode == 2 and "neither a sweep directory" in r.stderr
+
+
+def test_report_reads_a_sweep_directory_as_collect_does(sweep_dir, tmp_path):
+    """`loopscale report DIR` on the run directories == report on the table collect writes."""
+    workdir, runs = sweep_dir
+    table = tmp_path / "results.csv"
+    assert main(["collect", workdir, f"--out={table}"]) == 0
+    flags = ["--bootstrap=0", "--grid=small", "--params-column=params_active"]
+    assert main(["report", workdir, f"--out={tmp_path / 'from_dir'}", *flags]) == 0
+    assert main(["report", str(table), f"--out={tmp_path / 'from_table'}", *flags]) == 0
+    from_dir, from_table = (json.loads((tmp_path / d / "fit.json").read_text())
+                            for d in ("from_dir", "from_table"))
+    assert from_dir["families"] == from_table["families"]
+    assert from_dir["excluded"] == from_table["excluded"] and len(from_dir["excluded"]) >= 4
+    assert not os.path.exists(os.path.join(workdir, "results.csv"))  # nothing written there

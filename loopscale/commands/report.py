@@ -4,10 +4,10 @@ Writes into --out: fit.json, isoflop/frontiers/allocation/residuals/loss_vs_para
 .svg, report.md and index.html (a static page, no server needed), each atomically, index.html
 last; other files in --out are left alone. Prints the path of index.html and the exponents.
 
-The input is a results table (.csv or .parquet, the columns `loopscale fit` reads) or a
-directory holding results.csv (or results.parquet). A sweep directory of run directories
-(DIR/runs/RUN/summary.json) is not read directly yet: turn it into a table with
-`loopscale collect` first.
+The input is a sweep directory (plan.csv and/or runs/RUN/), whose run directories are read as
+`loopscale collect` reads them, at the time of the report (a results.csv beside them may be
+older and is not used); a results table (.csv or .parquet, the columns `loopscale fit` reads);
+or a directory holding results.csv (or results.parquet).
 """
 
 from __future__ import annotations
@@ -27,12 +27,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report", help="figures and tables of a sweep (PNG/SVG, report.md, index.html)",
         description=__doc__.split("\n\n")[0].replace("\n", " "))
-    p.add_argument("source", help="results table (.csv/.parquet) or a directory holding "
-                   "results.csv")
+    p.add_argument("source", help="sweep directory, results table (.csv/.parquet) or a "
+                   "directory holding results.csv")
     p.add_argument("--out", required=True, help="folder for the report (created if needed)")
     add_fit_args(p, bootstrap_default=200)  # fewer resamples than `fit`: a quick look
     p.add_argument("--title", default=None, help="page title (default: from the source)")
     p.set_defaults(run=run)
+
+
+def is_sweep_dir(source: str) -> bool:
+    return os.path.isdir(source) and (os.path.isdir(os.path.join(source, "runs"))
+                                      or os.path.isfile(os.path.join(source, "plan.csv")))
 
 
 def find_table(source: str) -> str:
@@ -45,11 +50,24 @@ def find_table(source: str) -> str:
         path = os.path.join(source, name)
         if os.path.isfile(path):
             return path
-    if os.path.isdir(os.path.join(source, "runs")):
-        raise UsageError(f"{source} is a sweep directory without results.csv; reading run "
-                         f"directories is not supported yet: write the table first with "
-                         f"`loopscale collect {source} --out={os.path.join(source, 'results.csv')}`")
-    raise UsageError(f"{source} holds no results.csv (nor results.parquet)")
+    raise UsageError(f"{source} is neither a sweep directory (plan.csv, runs/) nor a directory "
+                     "holding results.csv (or results.parquet)")
+
+
+def load_source(source: str, columns):
+    """The results table of a sweep directory (its runs, read now) or of a table file."""
+    import pandas as pd
+
+    from loopscale.scaling.table import prepare_table, read_table
+    from loopscale.sweep.collect import RESULT_COLUMNS, collect_dir
+
+    if not is_sweep_dir(source):
+        return read_table(find_table(source), columns)
+    rows = collect_dir(source)
+    if not rows:
+        raise UsageError(f"{source}: the sweep directory holds no runs yet")
+    frame = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))  # the columns collect writes
+    return prepare_table(frame, columns, source=os.path.basename(os.path.abspath(source)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.scaling import fit as fitting
     from loopscale.scaling import plots
     from loopscale.scaling import report as rep
-    from loopscale.scaling.table import Columns, read_table
+    from loopscale.scaling.table import Columns
 
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
@@ -66,10 +84,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--level must be between 0 and 1, got {args.level}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
-    path = find_table(args.source)
     columns = Columns(params=args.params_column, tokens=args.tokens_column,
                       loss=args.loss_column, flops=args.flops_column)
-    table = read_table(path, columns)
+    table = load_source(args.source, columns)
     options = fitting.FitOptions(bootstrap=args.bootstrap, seed=args.seed, level=args.level,
                                  spline=args.spline, grid=args.grid)
     try:
