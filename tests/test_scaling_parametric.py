@@ -123,3 +123,18 @@ def test_hoffmann_grid_is_the_published_4500_starts():
 def test_too_few_runs_is_a_fit_error():
     with pytest.raises(FitError):
         fit_parametric(np.array([1e6, 2e6]), np.array([1e9, 2e9]), np.array([3.0, 2.9]))
+
+
+def test_no_allocation_when_an_exponent_comes_out_negative():
+    """Runs where bigger models do worse: the unbounded fit gives alpha <= 0, and the allocation
+    figures are NaN (null in fit.json) instead of a complex power or a crash."""
+    rng = np.random.default_rng(1)
+    n = np.repeat(np.logspace(6, 8, 5), 4)
+    d = np.tile(np.logspace(9, 11, 4), 5)
+    loss = (2.0 + 1e-3 * n ** 0.25 + 300.0 / d ** 0.3) * np.exp(rng.normal(0, 1e-3, n.size))
+    fit = fit_parametric(n, d, loss, starts=grid_starts("small"))
+    assert fit.alpha <= 0 < fit.beta
+    figures = fit.figures()
+    assert all(np.isnan(figures[k]) for k in ("G", "a", "b"))
+    assert np.isfinite([figures[k] for k in ("E", "A", "B", "alpha", "beta")]).all()
+    assert np.isnan(fit.frontier(np.array([1e18]))).all()

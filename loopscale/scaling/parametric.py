@@ -64,17 +64,26 @@ class ParametricFit:
     warm_starts: tuple[tuple[float, ...], ...]
 
     @property
+    def has_allocation(self) -> bool:
+        """The fit is unbounded (no bounds, as in the notebook), so an exponent can come out
+        <= 0 on poor data: then loss does not fall with N (or D) and no compute-optimal
+        allocation exists; G, a and b are NaN (null in fit.json), not complex numbers."""
+        return self.alpha > 0 and self.beta > 0
+
+    @property
     def G(self) -> float:
+        if not self.has_allocation:
+            return float("nan")
         ratio = self.alpha * self.A / (self.beta * self.B)
         return float(ratio ** (1.0 / (self.alpha + self.beta)))
 
     @property
     def a(self) -> float:
-        return self.beta / (self.alpha + self.beta)
+        return self.beta / (self.alpha + self.beta) if self.has_allocation else float("nan")
 
     @property
     def b(self) -> float:
-        return self.alpha / (self.alpha + self.beta)
+        return self.alpha / (self.alpha + self.beta) if self.has_allocation else float("nan")
 
     def figures(self) -> dict[str, float]:
         return {name: float(getattr(self, name)) for name in FIGURES}
