@@ -105,6 +105,7 @@ def test_sweep_command_writes_or_prints_scripts(tmp_path):
     script_path = workdir / "launch" / "tpu-pod.sh"
     assert os.access(script_path, os.X_OK)
     assert (workdir / "plan.csv").exists()
-    assert len(list((workdir / "runs").iterdir())) == 15  # run.json each, for collect
+    planned = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs
+    assert len(list((workdir / "runs").iterdir())) == len(planned)  # run.json each, for collect
     local = subprocess.run([*base, "--workdir=gs://b/x"], capture_output=True, text=True)
     assert local.returncode == 2 and "--launcher" in local.stderr
