@@ -191,9 +191,12 @@ def _paired(ref: FamilyFigures, other: FamilyFigures, approach: str, fn):
     r, o = getattr(ref, approach), getattr(other, approach)
     if r is None or o is None:
         return np.nan, np.nan, None
-    loss, value = fn(r, o)
     rs, os_ = getattr(ref, f"{approach}_samples"), getattr(other, f"{approach}_samples")
-    samples = None if rs is None or os_ is None else fn(rs, os_)[1]
+    # Resamples with a degenerate fit (an exponent <= 0, an unreachable target) give inf or
+    # NaN here, by design: intervals use the finite samples. numpy need not warn about them.
+    with np.errstate(all="ignore"):
+        loss, value = fn(r, o)
+        samples = None if rs is None or os_ is None else fn(rs, os_)[1]
     return float(loss), float(value), samples
 
 

@@ -181,8 +181,10 @@ def fit_parametric(params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
         raise FitError("no start reached a finite optimum")
     ranked = _ranked(results)
     value, _, (a, b, e, alpha, beta) = ranked[0]
+    with np.errstate(over="ignore"):  # a runaway coefficient is inf, reported as null
+        E, A, B = (float(np.exp(v)) for v in (e, a, b))
     return ParametricFit(
-        E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)), alpha=float(alpha),
+        E=E, A=A, B=B, alpha=float(alpha),
         beta=float(beta), objective=value, n_points=params.size, n_starts=len(starts),
         n_converged=n_converged, warm_starts=_distinct([x for _, _, x in ranked]))
 
