@@ -10,7 +10,7 @@ presets: Base and MoE 4 layers, Looped and Looped-MoE 2 x 2), the study's muP va
 base width 32 and its LR 1.2e-2 (sweeps/lr_transfer.py: best at d 8 and d 32 alike), byte-level
 KJV text, sequence 64, batch 64, one attention head. Budgets 1e10, 2e10 and 4e10 FLOPs counted
 as in the study (`6n_emb`); per budget the 4 widths (of 2..24) around the expected optimum:
-48 runs of 23 to 606 steps.
+48 runs of 35 to 310 steps (6,660 in all).
 
 Where the optimum sits at this scale was measured here, not assumed: byte-level models this
 small keep improving far beyond the study's 3-6 tokens per parameter (at 1e11 FLOPs, Base at
