@@ -69,7 +69,7 @@ def test_pack_shifts_and_separates_documents():
     stream = [1, 2, 3, 4, 5, 0, 10, 11, 12, 13, 14, 15, 16, 0]
     assert records.shape == (2, 5) and records.dtype == np.int32
     assert records.ravel().tolist() == stream[:10]
-    ex = text.lm_example(records[1].astype("<i4").tobytes())
+    ex = {k: v[0] for k, v in text.lm_batch([records[1].astype("<i4").tobytes()]).items()}
     assert ex["inputs"].tolist() == stream[5:9] and ex["targets"].tolist() == stream[6:10]
     assert ex["mask"].all() and ex["inputs"].dtype == np.int32
 

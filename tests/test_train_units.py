@@ -417,14 +417,18 @@ def test_variable_loop_training(corpus, tmp_path):
     assert len(final["eval_loss_per_loop"]) == cfg.model.n_loops
 
 
-def test_intermediate_supervision_trains_on_the_permutation_task(tmp_path):
-    overrides = ["--config.train.intermediate_supervision=true", "--config.train.steps=3",
+def supervised_permutation(steps: int, *extra: str):
+    """A few steps of the tiny permutation task with intermediate supervision."""
+    overrides = ["--config.train.intermediate_supervision=true", f"--config.train.steps={steps}",
                  "--config.train.batch_size=4", "--config.train.eval_every=0",
                  "--config.train.checkpoint_every=0", "--config.train.eval_batches=1",
                  "--config.train.warmup_steps=1", "--config.train.peak_flops=1e12",
-                 "--config.model.d_model=32", "--config.model.n_unique=1",
-                 "--config.model.n_loops=3"]
-    cfg = parse(load_config("experiments/permutation.py:tiny", overrides))
+                 "--config.model.d_model=32", *extra]
+    return parse(load_config("experiments/permutation.py:tiny", overrides))
+
+
+def test_intermediate_supervision_trains_on_the_permutation_task(tmp_path):
+    cfg = supervised_permutation(3, "--config.model.n_unique=1", "--config.model.n_loops=3")
     assert train(cfg, str(tmp_path / "run"), devices=ONE) == 0
     rows = [r for r in metric_rows(tmp_path / "run") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -435,14 +439,8 @@ def test_intermediate_supervision_trains_on_the_permutation_task(tmp_path):
 
 def test_unshared_model_is_supervised_at_layer_boundaries(tmp_path):
     """One loop of 4 layers on 4 hops: the boundaries after layers 1, 2, 3 carry hops 1, 2, 3."""
-    overrides = ["--config.train.intermediate_supervision=true", "--config.train.steps=2",
-                 "--config.train.batch_size=4", "--config.train.eval_every=0",
-                 "--config.train.checkpoint_every=0", "--config.train.eval_batches=1",
-                 "--config.train.warmup_steps=1", "--config.train.peak_flops=1e12",
-                 "--config.model.d_model=32", "--config.model.n_unique=4",
-                 "--config.model.n_loops=1", "--config.data.hops_min=4",
-                 "--config.data.hops_max=4"]
-    cfg = parse(load_config("experiments/permutation.py:tiny", overrides))
+    cfg = supervised_permutation(2, "--config.model.n_unique=4", "--config.model.n_loops=1",
+                                 "--config.data.hops_min=4", "--config.data.hops_max=4")
     assert train(cfg, str(tmp_path / "run"), devices=ONE) == 0
     rows = [r for r in metric_rows(tmp_path / "run") if "loss" in r]
     for r in rows:

@@ -35,11 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def is_sweep_dir(source: str) -> bool:
-    return os.path.isdir(source) and (os.path.isdir(os.path.join(source, "runs"))
-                                      or os.path.isfile(os.path.join(source, "plan.csv")))
-
-
 def find_table(source: str) -> str:
     """The table to read: `source` itself, or the results table inside a directory."""
     if not os.path.isdir(source):
@@ -59,7 +54,7 @@ def load_source(source: str, columns):
     import pandas as pd
 
     from loopscale.scaling.table import prepare_table, read_table
-    from loopscale.sweep.collect import RESULT_COLUMNS, collect_dir
+    from loopscale.sweep.collect import RESULT_COLUMNS, collect_dir, is_sweep_dir
 
     if not is_sweep_dir(source):
         return read_table(find_table(source), columns)

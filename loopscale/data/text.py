@@ -256,11 +256,6 @@ def record_source(path: Path) -> grain.sources.ArrayRecordDataSource:
     return grain.sources.ArrayRecordDataSource([str(path)])
 
 
-def lm_example(record: bytes) -> dict[str, np.ndarray]:
-    """One packed record -> next-token example; every position counts in the loss."""
-    return {k: v[0] for k, v in lm_batch([record]).items()}
-
-
 def lm_batch(records: Sequence[bytes]) -> dict[str, np.ndarray]:
     """Packed records of one length -> a batch of next-token examples (every position counts)."""
     tokens = np.frombuffer(b"".join(records), dtype="<i4").astype(np.int32)

@@ -104,6 +104,12 @@ def _is_run_dir(path: epath.Path) -> bool:
     return any((path / name).exists() for name in ("summary.json", "config.json", "run.json"))
 
 
+def is_sweep_dir(directory: str) -> bool:
+    """A sweep directory holds plan.csv and/or runs/ (local or gs://)."""
+    top = epath.Path(directory)
+    return (top / "plan.csv").exists() or (top / "runs").is_dir()
+
+
 def collect_dir(directory: str) -> list[dict]:
     """Rows of one sweep directory (plan.csv and/or runs/*) or of one run directory."""
     top = epath.Path(directory)
@@ -111,7 +117,7 @@ def collect_dir(directory: str) -> list[dict]:
         raise UsageError(f"no such directory: {directory}")
     runs_dir = top / "runs"
     planned = _plan_rows(top)
-    if not planned and not runs_dir.exists():
+    if not is_sweep_dir(directory):
         if _is_run_dir(top):
             plan = _read_json(top / "run.json") or _row_from_config(top) or {"run_id": top.name}
             return [result_row(plan, top)]

@@ -67,6 +67,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp", "expert")))
 
 
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device holds the whole array (scalars such as the step's LR multiplier)."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
 

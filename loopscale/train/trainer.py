@@ -55,7 +55,6 @@ class _Setup:
     lr_factor: object  # step -> lr_t / peak (optimizer.py: the schedule lives outside tx)
     state_shardings: object
     batch_sharding: object
-    replicated: object
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -102,8 +101,7 @@ def setup(config: Config, devices=None) -> _Setup:
     specs = nn.get_partition_spec(abstract)
     shardings = nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
     mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
-    return _Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh),
-                  jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    return _Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh))
 
 
 def init_state(s: _Setup):
@@ -230,7 +228,7 @@ def train(config: Config, workdir: str, devices=None) -> int:
             lr_factor = lr_factors[step]
             if n_loops not in steps_fns:
                 fn = jax.jit(functools.partial(train_step, model=s.model, tx=s.tx, train=t, n_loops=n_loops),
-                             in_shardings=(s.state_shardings, s.batch_sharding, s.replicated),
+                             in_shardings=(s.state_shardings, s.batch_sharding, mesh_lib.replicated(s.mesh)),
                              out_shardings=(s.state_shardings, None), donate_argnums=0)
                 t0 = time.time()
                 steps_fns[n_loops] = fn.lower(state, batch, lr_factor).compile()
