@@ -181,7 +181,11 @@ def _compiled_check(cfg: ModelConfig, settings: Settings):
         def loss_fn(p):
             out, state = model.apply({"params": p}, inputs, capture_intermediates=_is_sublayer_call,
                                      mutable=["intermediates"])
-            loss = lm_loss(out, targets, jnp.ones_like(targets), cfg.loss_loops)
+            def readout(h):
+                return model.apply({"params": p}, h, method=LoopedLM.readout)
+
+            loss, _ = lm_loss(readout, out.loop_hidden, targets, jnp.ones_like(targets),
+                              cfg.loss_loops, chunk=0)
             loss += settings.lb_loss_weight * out.lb_loss + settings.router_z_weight * out.router_z
             return loss, _coordinates(cfg, p, inputs, out, state["intermediates"])
 

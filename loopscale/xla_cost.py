@@ -1,8 +1,8 @@
 """What XLA says a training step costs: `cost_analysis` of the compiled jit(value_and_grad(loss)).
 
-The step counted is the LM loss (model/loss.py `lm_loss`, plus the logit z-loss and the MoE
-load-balancing and router z-losses at their train-config weights) differentiated with respect
-to every parameter, on one batch of train.batch_size x train.seq_len tokens; nothing of the
+The step counted is the training loss the train step differentiates (train/step.py `loss_fn`:
+the LM loss plus the logit z-loss and the MoE load-balancing and router z-losses at their
+train-config weights) differentiated with respect to every parameter, on one batch of train.batch_size x train.seq_len tokens; nothing of the
 optimiser update. Lowering and compiling need no memory for the arrays: parameters and batch
 are abstract (`jax.ShapeDtypeStruct`), so paper-sized models can be costed on a laptop.
 
@@ -26,22 +26,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from loopscale.config.schema import FFNKind, ModelConfig, TrainConfig
-from loopscale.model.loss import lm_loss, z_loss
+from loopscale.config.schema import ModelConfig, TrainConfig
 from loopscale.model.transformer import LoopedLM
-
-
-def training_loss(model: LoopedLM, train: TrainConfig, params, tokens_BxT, targets_BxT, mask_BxT):
-    """The scalar a training step differentiates: LM loss plus the configured auxiliary losses."""
-    cfg = model.cfg
-    outputs = model.apply({"params": params}, tokens_BxT)
-    loss = lm_loss(outputs, targets_BxT, mask_BxT, cfg.loss_loops)
-    if train.z_loss_weight:
-        loss = loss + train.z_loss_weight * z_loss(outputs.logits, mask_BxT)
-    if cfg.ffn is FFNKind.MOE:
-        loss = loss + train.lb_loss_weight * outputs.lb_loss
-        loss = loss + train.router_z_weight * outputs.router_z
-    return loss
+from loopscale.train.step import loss_fn
 
 
 def abstract_params(model: LoopedLM, batch: int, seq_len: int):
@@ -60,7 +47,8 @@ def lower_train_step(model_cfg: ModelConfig, train: TrainConfig):
     mask = jax.ShapeDtypeStruct((B, T), jnp.bool_)
 
     def loss(p, tokens, targets, m):
-        return training_loss(model, train, p, tokens, targets, m)
+        return loss_fn(p, {"inputs": tokens, "targets": targets, "mask": m}, model, train,
+                       model_cfg.n_loops)[0]
 
     return jax.jit(jax.value_and_grad(loss)).lower(params, ints, ints, mask)
 

@@ -333,13 +333,14 @@ def test_loop_supervision_loss_by_hand():
     logits = rng.normal(size=(K, Bh, Th, V)).astype(np.float32)
     labels = rng.integers(0, V, size=(Bh, K)).astype(np.int32)
     pos = np.array([4, 1, 3], np.int32)
-    got = float(loop_supervision_loss(jnp.asarray(logits), {"loop_labels": labels,
-                                                            "answer_pos": pos}))
+    identity = lambda h: h  # noqa: E731  (the "hidden states" are the logits here)
+    got = float(loop_supervision_loss(identity, jnp.asarray(logits),
+                                      {"loop_labels": labels, "answer_pos": pos}))
     want = np.mean([_ce(logits[j, b, pos[b]], labels[b, j])
                     for j in range(K - 1) for b in range(Bh)])
     assert got == pytest.approx(want, rel=1e-5)
     # One loop: the last boundary is the main loss's, so nothing is added.
-    one = loop_supervision_loss(jnp.asarray(logits[:1]),
+    one = loop_supervision_loss(identity, jnp.asarray(logits[:1]),
                                 {"loop_labels": labels[:, :1], "answer_pos": pos})
     assert float(one) == 0.0
 

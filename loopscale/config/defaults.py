@@ -70,6 +70,7 @@ def base_config() -> ConfigDict:
             embed_lr=0.0,
             head_lr=0.0,
             z_loss_weight=0.0,
+            ce_chunk=512,
             lb_loss_weight=0.01,
             router_z_weight=0.001,
             loop_choices=(),

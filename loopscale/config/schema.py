@@ -199,6 +199,9 @@ class TrainConfig:
     embed_lr: float  # Muon recipe: AdamW LR of the embedding (0: train.lr)
     head_lr: float  # Muon recipe: AdamW LR of the output head (0: train.lr)
     z_loss_weight: float
+    # Positions projected onto the vocabulary at once in the loss (model/loss.py), so the
+    # (B, T, V) logits never exist whole; 0: all at once. Changes memory, not the loss.
+    ce_chunk: int
     lb_loss_weight: float
     router_z_weight: float
     loop_choices: tuple  # non-empty: sample the loop count per step from these

@@ -2,7 +2,8 @@
 
 from loopscale.model.mup import Role, lr_multipliers, param_roles
 from loopscale.model.params import stack_layers, unstack_layers
-from loopscale.model.transformer import LoopedLM, ModelOutputs, loss_loop_indices
+from loopscale.model.loss import loss_loop_indices
+from loopscale.model.transformer import LoopedLM, ModelOutputs
 
 __all__ = [
     "LoopedLM", "ModelOutputs", "Role", "loss_loop_indices", "lr_multipliers", "param_roles",

@@ -43,7 +43,8 @@ class Attention(nn.Module):
             k_BxSxHxK = rms_norm(k_BxSxHxK, cfg.norm_eps)
         q_BxTxHxK = apply_rope(q_BxTxHxK, *rope)
         k_BxSxHxK = apply_rope(k_BxSxHxK, *rope)
-        q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
+        q_BxTxHxK = nn.with_logical_constraint(
+            q_BxTxHxK, ("act_batch", "act_length", "act_heads", "act_kv"))
 
         # Logits and softmax in float32 whatever the activation dtype.
         logits_BxHxTxS = jnp.einsum(
@@ -56,4 +57,4 @@ class Attention(nn.Module):
 
         out_BxTxHxK = jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
         out_BxTxD = jnp.einsum("bthk,hkd->btd", out_BxTxHxK, wo.astype(dtype))
-        return nn.with_logical_constraint(out_BxTxD, ("batch", "length", "embed"))
+        return nn.with_logical_constraint(out_BxTxD, ("act_batch", "act_length", "act_embed"))

@@ -61,7 +61,8 @@ class Block(nn.Module):
             f_BxTxD, ys = MoE(cfg, name="moe")(un_BxTxD)
         else:
             f_BxTxD, ys = MLP(cfg, name="mlp")(un_BxTxD), {}
-        out_BxTxD = nn.with_logical_constraint(u_BxTxD + f_BxTxD, ("batch", "length", "embed"))
+        out_BxTxD = nn.with_logical_constraint(u_BxTxD + f_BxTxD,
+                                               ("act_batch", "act_length", "act_embed"))
         if self.collect_layers:
             ys = {**ys, "layer_hidden": out_BxTxD}
         return out_BxTxD, ys

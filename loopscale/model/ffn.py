@@ -35,6 +35,6 @@ class MLP(nn.Module):
             w_gate = weight(self, "w_gate", (D, F), ("embed", "mlp"), cfg)
             gate_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, w_gate.astype(dtype))
         h_BxTxF = activate(cfg.mlp, up_BxTxF, gate_BxTxF)
-        h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("batch", "length", "mlp"))
+        h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("act_batch", "act_length", "act_mlp"))
         w_down = weight(self, "w_down", (F, D), ("mlp", "embed"), cfg, zero=cfg.zero_init_out)
         return jnp.einsum("btf,fd->btd", h_BxTxF, w_down.astype(dtype))

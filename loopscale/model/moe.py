@@ -83,7 +83,7 @@ class MoE(nn.Module):
             "experts": experts_BxTxK.astype(jnp.int32),
             "dropped_frac": dropped,
         }
-        return nn.with_logical_constraint(y_BxTxD, ("batch", "length", "embed")), stats
+        return nn.with_logical_constraint(y_BxTxD, ("act_batch", "act_length", "act_embed")), stats
 
 
 def _expert_ffn(kind: MLPKind, x, weights, matmul: Callable) -> jax.Array:

@@ -14,7 +14,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from loopscale.config.schema import DType, LossLoops, ModelConfig, Remat
+from loopscale.config.schema import DType, ModelConfig, Remat
 from loopscale.model import mup
 from loopscale.model.block import Loop, stack_trees
 from loopscale.model.layers import RMSNorm, rms_norm, rope_tables, weight
@@ -22,7 +22,7 @@ from loopscale.model.layers import RMSNorm, rms_norm, rope_tables, weight
 
 @flax.struct.dataclass
 class ModelOutputs:
-    logits: jax.Array  # (B, T, V) float32, last loop
+    logits: jax.Array | None  # (B, T, V) float32, last loop (None with readout=False)
     exit_logits: jax.Array | None  # (K, B, T, V) at every loop boundary, when asked for
     loop_hidden: jax.Array  # (K, B, T, D) stream at the end of each loop, before the final norm
     residual_norm: jax.Array  # (K,) mean over tokens of ||x_L||_2 per loop
@@ -31,15 +31,6 @@ class ModelOutputs:
     moe: dict | None  # (K, L, ...) router statistics per loop and layer: expert_load, experts, ...
     lb_loss: jax.Array  # load-balancing loss, mean over layer applications (0 for dense)
     router_z: jax.Array  # router z-loss, likewise
-
-
-def loss_loop_indices(loss_loops: LossLoops, n_loops: int) -> list[int]:
-    """Loop indices (0-based) where the LM loss is taken."""
-    if loss_loops is LossLoops.ALL:
-        return list(range(n_loops))
-    if loss_loops is LossLoops.LAST_THIRD:
-        return list(range(n_loops - max(1, n_loops // 3), n_loops))
-    return [n_loops - 1]
 
 
 class LoopedLM(nn.Module):
@@ -75,8 +66,10 @@ class LoopedLM(nn.Module):
             )
         self.loop = loop_cls(cfg, self.collect_layers)
 
-    def readout(self, x_xD: jax.Array) -> jax.Array:
-        """Final norm + unembedding (+ soft cap), shared by the last loop and every early exit."""
+    def readout(self, x_xD: jax.Array,
+                lead: tuple[str | None, ...] = ("act_batch", "act_length")) -> jax.Array:
+        """Final norm + unembedding (+ soft cap), shared by the last loop and every early exit.
+        `lead` names the logical axes before the vocabulary's (the trailing ones of x)."""
         cfg = self.cfg
         mult = mup.scaling(mup.Role.READOUT, cfg).forward_mult
         xn = self.final_norm(x_xD)
@@ -84,18 +77,19 @@ class LoopedLM(nn.Module):
                             preferred_element_type=jnp.float32) * mult
         if cfg.logit_softcap:
             logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
-        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+        names = (None,) * (logits.ndim - 1 - len(lead)) + tuple(lead) + ("act_vocab",)
+        return nn.with_logical_constraint(logits, names)
 
     def __call__(self, tokens_BxT: jax.Array, n_loops: int | None = None,
-                 exit_logits: bool | None = None) -> ModelOutputs:
+                 exit_logits: bool = False, readout: bool = True) -> ModelOutputs:
+        """`readout=False` leaves the logits to the caller (model/loss.py projects the hidden
+        states a few positions at a time, so the (B, T, V) logits never exist whole)."""
         cfg = self.cfg
         K = n_loops or cfg.n_loops
-        if exit_logits is None:
-            exit_logits = cfg.loss_loops is not LossLoops.LAST
         dtype = jnp.bfloat16 if cfg.dtype is DType.BFLOAT16 else jnp.float32
         emb_mult = mup.scaling(mup.Role.EMBEDDING, cfg).forward_mult
         e_BxTxD = (jnp.take(self.embedding, tokens_BxT, axis=0) * emb_mult).astype(dtype)
-        e_BxTxD = nn.with_logical_constraint(e_BxTxD, ("batch", "length", "embed"))
+        e_BxTxD = nn.with_logical_constraint(e_BxTxD, ("act_batch", "act_length", "act_embed"))
         e0_BxTxD = rms_norm(e_BxTxD, cfg.norm_eps) if cfg.embed_norm else e_BxTxD
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
@@ -111,7 +105,7 @@ class LoopedLM(nn.Module):
         moe = {k: ys[k] for k in ("expert_load", "experts", "dropped_frac", "lb_loss", "router_z") if k in ys}
         zero = jnp.zeros((), jnp.float32)
         return ModelOutputs(
-            logits=self.readout(x_BxTxD),
+            logits=self.readout(x_BxTxD) if readout else None,
             exit_logits=self.readout(ys["hidden"]) if exit_logits else None,
             loop_hidden=ys["hidden"],
             residual_norm=ys["residual_norm"],

@@ -7,8 +7,10 @@ expert-parallel devices still split the batch). A size of -1 takes the devices l
 
 from __future__ import annotations
 
+import contextlib
 import math
 
+import flax.linen as nn
 import jax
 import jax.experimental.mesh_utils
 import numpy as np
@@ -19,12 +21,11 @@ from loopscale.errors import UsageError
 
 AXES = ("data", "fsdp", "tensor", "expert")
 
-# Logical name -> mesh axes, tried in order. flax skips a mesh axis already used by an earlier
-# dimension of the same array, so activations (batch on data+fsdp) keep `embed` unsharded
-# while parameters shard `embed` over fsdp.
-LOGICAL_RULES = (
-    ("batch", ("data", "fsdp", "expert")),
-    ("length", None),
+# Logical name -> mesh axes, tried in order; flax skips a mesh axis already used by an earlier
+# dimension of the same array. Parameters and activations use separate names (as MaxText does)
+# because one name cannot serve both: a parameter's `embed` axis is split over `fsdp` (ZeRO-3),
+# while an activation's hidden axis must stay whole, its batch axis taking `fsdp` instead.
+PARAM_RULES = (
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("kv", None),
@@ -33,6 +34,29 @@ LOGICAL_RULES = (
     ("expert", "expert"),
     ("layers", None),
 )
+# Activations: rows of the batch over every data-parallel axis (`expert` too, so expert-parallel
+# devices still split the batch); heads, FFN width and vocabulary over `tensor`.
+ACTIVATION_RULES = (
+    ("act_batch", ("data", "fsdp", "expert")),
+    ("act_length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+)
+LOGICAL_RULES = PARAM_RULES + ACTIVATION_RULES
+BATCH_AXES = ("data", "fsdp", "expert")
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh):
+    """The mesh and the logical rules in context, so the model's `nn.with_logical_constraint`s
+    take effect when it is traced (outside this context flax makes them no-ops and XLA
+    propagates the parameters' shardings into the activations instead). Wrap every tracing of
+    the model on a mesh in it: init, train step, eval step."""
+    with jax.sharding.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        yield
 
 
 def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
@@ -52,9 +76,26 @@ def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def n_slices(devices) -> int:
+    """Slices (TPU pods joined over the data-centre network) the devices span; 1 elsewhere."""
+    return len({getattr(d, "slice_index", 0) for d in devices})
+
+
 def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
+    """The (data, fsdp, tensor, expert) mesh over `devices`, laid out on the chips' physical
+    interconnect. Devices spanning several slices get a hybrid mesh whose `data` axis crosses
+    the slices, so only the data-parallel gradient reduction travels over the slow network."""
     devices = jax.devices() if devices is None else devices
     shape = mesh_shape(cfg, len(devices))
+    slices = n_slices(devices)
+    if slices > 1:
+        if shape[0] % slices:
+            raise UsageError(f"mesh.data={shape[0]} must be a multiple of the {slices} slices "
+                             "(the data axis spans slices)")
+        per_slice = (shape[0] // slices, *shape[1:])
+        grid = jax.experimental.mesh_utils.create_hybrid_device_mesh(
+            per_slice, (slices, 1, 1, 1), devices)
+        return Mesh(grid, AXES)
     try:
         grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices)
     except (AssertionError, ValueError, NotImplementedError):
@@ -64,7 +105,7 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (batch) axis split over every data-parallel mesh axis."""
-    return NamedSharding(mesh, PartitionSpec(("data", "fsdp", "expert")))
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

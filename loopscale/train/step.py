@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from loopscale.config.schema import LossLoops, TrainConfig
+from loopscale.config.schema import TrainConfig
 from loopscale.model import LoopedLM
-from loopscale.model.loss import cross_entropy, lm_loss, z_loss
+from loopscale.model.loss import cross_entropy, lm_loss, token_losses, z_loss
 from loopscale.train.diagnostics import routing_overlap
 from loopscale.train.optimizer import scheduled_update
 
@@ -31,50 +31,61 @@ def _sq_norm(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
 
 
-def loop_supervision_loss(exit_logits_KxBxTxV, batch) -> jax.Array:
-    """Intermediate supervision: the exit logits at loop boundary j, read at the answer
-    position, are trained on `loop_labels[:, j]` (data/permutation.py: the node after j+1 hops,
-    holding the answer once all hops are done). The last boundary is the main loss's already."""
-    labels_BxK, pos_B = batch["loop_labels"], batch["answer_pos"]
+def _readout(model: LoopedLM, params, lead=("act_batch", "act_length")):
+    """hidden (..., D) -> logits (..., V) through the shared final norm and unembedding."""
+    return lambda h: model.apply({"params": params}, h, lead=lead, method=LoopedLM.readout)
+
+
+def _at_answer(hidden_NxBxTxD, pos_B) -> jax.Array:
+    """The stream at each row's answer position: (N, B, T, D) -> (N, B, D)."""
+    return hidden_NxBxTxD[:, jnp.arange(pos_B.shape[0]), pos_B]
+
+
+def loop_supervision_loss(readout, loop_hidden_KxBxTxD, batch) -> jax.Array:
+    """Intermediate supervision: the exit at loop boundary j, read at the answer position, is
+    trained on `loop_labels[:, j]` (data/permutation.py: the node after j+1 hops, holding the
+    answer once all hops are done). The last boundary is the main loss's already."""
+    labels_BxK = batch["loop_labels"]
     n = labels_BxK.shape[1] - 1
     if n <= 0:
         return jnp.zeros((), jnp.float32)
-    rows = jnp.arange(pos_B.shape[0])
-    logits_nxBxV = exit_logits_KxBxTxV[:n, rows, pos_B]
+    logits_nxBxV = readout(_at_answer(loop_hidden_KxBxTxD[:n], batch["answer_pos"]))
     return cross_entropy(logits_nxBxV, labels_BxK[:, :n].T, jnp.ones_like(labels_BxK[:, :n].T))
 
 
-def layer_supervision_loss(params, model: LoopedLM, layer_hidden_LxBxTxD, batch) -> jax.Array:
+def layer_supervision_loss(readout, layer_hidden_LxBxTxD, batch) -> jax.Array:
     """Intermediate supervision of an unshared model: the boundary after layer l, read out with
     the shared final norm and unembedding at the answer position, is trained on
     `layer_labels[:, l]` where `layer_label_mask` says so (data/permutation.py)."""
-    labels_BxL, mask_BxL, pos_B = batch["layer_labels"], batch["layer_label_mask"], batch["answer_pos"]
+    labels_BxL, mask_BxL = batch["layer_labels"], batch["layer_label_mask"]
     n = labels_BxL.shape[1]
-    rows = jnp.arange(pos_B.shape[0])
-    hidden_nxBxD = layer_hidden_LxBxTxD[:n, rows, pos_B]
-    logits_nxBxV = model.apply({"params": params}, hidden_nxBxD, method=LoopedLM.readout)
+    logits_nxBxV = readout(_at_answer(layer_hidden_LxBxTxD[:n], batch["answer_pos"]))
     return cross_entropy(logits_nxBxV, labels_BxL.T, mask_BxL.T)
 
 
 def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
+    """The training objective (the one every step, FLOP count and check differentiates): the LM
+    cross-entropy at the configured loops, the logit z-loss, intermediate supervision and the
+    MoE auxiliary losses at their train-config weights."""
     cfg = model.cfg
     supervise = train.intermediate_supervision and "loop_labels" in batch
     supervise_layers = train.intermediate_supervision and "layer_labels" in batch
     if supervise_layers:
         model = model.clone(collect_layers=True)
-    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops,
-                      exit_logits=supervise or cfg.loss_loops is not LossLoops.LAST)
+    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False)
     mask = batch["mask"]
-    ce = lm_loss(out, batch["targets"], mask, cfg.loss_loops)
+    ce, lse_BxT = lm_loss(_readout(model, params), out.loop_hidden, batch["targets"], mask,
+                          cfg.loss_loops, train.ce_chunk)
     total = ce
     if train.z_loss_weight:
-        total = total + train.z_loss_weight * z_loss(out.logits, mask)
+        total = total + train.z_loss_weight * z_loss(lse_BxT, mask)
     aux = {"ce": ce, "residual_norm": out.residual_norm}
+    points = _readout(model, params, lead=(None, "act_batch"))
     if supervise:
-        hop = loop_supervision_loss(out.exit_logits, batch)
+        hop = loop_supervision_loss(points, out.loop_hidden, batch)
         total, aux["loop_supervision_loss"] = total + hop, hop
     if supervise_layers:
-        hop = layer_supervision_loss(params, model, out.layer_hidden[-1], batch)
+        hop = layer_supervision_loss(points, out.layer_hidden[-1], batch)
         total, aux["layer_supervision_loss"] = total + hop, hop
     if out.moe is not None:
         total = total + train.lb_loss_weight * out.lb_loss + train.router_z_weight * out.router_z
@@ -153,9 +164,22 @@ def loop_grad_norms(params, batch, *, model: LoopedLM, train: TrainConfig, n_loo
                         for g in jax.tree.leaves(grads)))
 
 
-def eval_step(params, batch, *, model: LoopedLM, n_loops: int) -> dict[str, jax.Array]:
-    """Sums for a masked mean over the eval set: loss at the last loop and at every loop exit."""
-    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, exit_logits=True)
-    mask = batch["mask"].astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(out.exit_logits, batch["targets"][None])
-    return {"loss_sum_per_loop": jnp.sum(ce * mask[None], axis=(1, 2)), "weight": jnp.sum(mask)}
+def eval_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
+              ) -> dict[str, jax.Array]:
+    """Sums for a masked mean over the eval set: loss at every loop exit (the last is the
+    model's loss). The batch is evaluated in the train step's micro-batches (a forward pass
+    of what a train step fits) and each exit's vocabulary projection in chunks of
+    `train.ce_chunk` positions, so no (K, B, T, V) logits are ever built."""
+    readout = _readout(model, params)
+
+    def sums(micro):
+        out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
+        mask = micro["mask"].astype(jnp.float32)
+        per_loop = [jnp.sum(token_losses(readout, h, micro["targets"], train.ce_chunk)[0] * mask)
+                    for h in out.loop_hidden]
+        return {"loss_sum_per_loop": jnp.stack(per_loop), "weight": jnp.sum(mask)}
+
+    if train.grad_accum == 1:
+        return sums(batch)
+    parts = jax.lax.map(sums, _micro_batches(batch, train.grad_accum))
+    return jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)

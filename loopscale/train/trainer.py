@@ -110,6 +110,26 @@ def init_state(s: _Setup):
     return unboxed(jax.random.PRNGKey(s.config.seed))
 
 
+def abstract_state(s: _Setup):
+    """The train state's shapes, dtypes and shardings, allocating nothing."""
+    return abstract_like(jax.eval_shape(lambda: init_state(s)), s.state_shardings)
+
+
+def jit_train_step(s: _Setup, n_loops: int):
+    """The train step as it runs: explicit shardings, the state donated (one per loop count)."""
+    step = functools.partial(train_step, model=s.model, tx=s.tx, train=s.config.train,
+                             n_loops=n_loops)
+    return jax.jit(step, in_shardings=(s.state_shardings, s.batch_sharding,
+                                       mesh_lib.replicated(s.mesh)),
+                   out_shardings=(s.state_shardings, None), donate_argnums=0)
+
+
+def jit_eval_step(s: _Setup, n_loops: int):
+    return jax.jit(functools.partial(eval_step, model=s.model, train=s.config.train,
+                                     n_loops=n_loops),
+                   in_shardings=(s.state_shardings.params, s.batch_sharding))
+
+
 def _global_batch(local: dict, sharding) -> dict:
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
@@ -137,7 +157,7 @@ def _host_row(metrics: dict) -> dict:
 
 def evaluate(s: _Setup, params, eval_ds, n_loops: int, fn_cache: dict) -> dict:
     if n_loops not in fn_cache:
-        fn_cache[n_loops] = jax.jit(functools.partial(eval_step, model=s.model, n_loops=n_loops))
+        fn_cache[n_loops] = jit_eval_step(s, n_loops)
     totals, weight = None, 0.0
     for local in eval_ds.iterator():
         out = jax.device_get(fn_cache[n_loops](params, _global_batch(local, s.batch_sharding)))
@@ -158,6 +178,14 @@ def train(config: Config, workdir: str, devices=None) -> int:
         return EXIT_DIVERGED if previous["status"] == "diverged" else 0
 
     s = setup(config, devices)
+    with mesh_lib.activate(s.mesh):
+        return _run(s, run, workdir, started)
+
+
+def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
+    """The body of `train`, with the mesh and logical rules in context (mesh.activate)."""
+    config = s.config
+    pi, pc = jax.process_index(), jax.process_count()
     t = config.train
     accounting = flops_lib.report(config.model, t.seq_len, config.flop_convention,
                                   ragged_dot_dense=jax.default_backend() == "cpu")
@@ -174,8 +202,7 @@ def train(config: Config, workdir: str, devices=None) -> int:
     checkpointer = Checkpointer(run.checkpoint_dir, t.keep_checkpoints)
     start = checkpointer.latest_step() or 0
     if start:
-        abstract = abstract_like(jax.eval_shape(lambda: init_state(s)), s.state_shardings)
-        state = checkpointer.restore(start, abstract, data_iter)
+        state = checkpointer.restore(start, abstract_state(s), data_iter)
     else:
         state = init_state(s)
     rows = run.open_metrics(start)
@@ -227,11 +254,8 @@ def train(config: Config, workdir: str, devices=None) -> int:
             batch = _global_batch(local, s.batch_sharding)
             lr_factor = lr_factors[step]
             if n_loops not in steps_fns:
-                fn = jax.jit(functools.partial(train_step, model=s.model, tx=s.tx, train=t, n_loops=n_loops),
-                             in_shardings=(s.state_shardings, s.batch_sharding, mesh_lib.replicated(s.mesh)),
-                             out_shardings=(s.state_shardings, None), donate_argnums=0)
                 t0 = time.time()
-                steps_fns[n_loops] = fn.lower(state, batch, lr_factor).compile()
+                steps_fns[n_loops] = jit_train_step(s, n_loops).lower(state, batch, lr_factor).compile()
                 compile_time += time.time() - t0
             t0 = time.time()
             state, metrics = steps_fns[n_loops](state, batch, lr_factor)
