@@ -1,6 +1,7 @@
 """Mixture of experts: routing losses, the two dispatch paths, and a per-token reference."""
 
 import dataclasses
+import re
 
 import flax.linen as nn
 import jax
@@ -9,9 +10,10 @@ import numpy as np
 import pytest
 from helpers import init_params, tiny_model_config, tokens, unrolled
 
-from loopscale.config import MoEDispatch
+from loopscale.config import MeshConfig, MoEDispatch
 from loopscale.model import LoopedLM, unstack_layers
 from loopscale.model.moe import MoE, capacity
+from loopscale.train import mesh as mesh_lib
 
 CFG = tiny_model_config(ffn="moe", n_experts=4, top_k=2, d_ff=64)
 X = jax.random.normal(jax.random.PRNGKey(3), (2, 16, CFG.d_model))
@@ -140,3 +142,70 @@ def test_looped_moe_scan_matches_python_loops_and_reports_routing_per_loop():
     # The same physical layer routes differently on different passes (the study's mechanism).
     assert np.any(np.asarray(scanned.moe["experts"][0]) != np.asarray(scanned.moe["experts"][1]))
     assert float(scanned.lb_loss) > 0 and float(scanned.router_z) > 0
+
+
+def _mesh(**sizes):
+    return mesh_lib.make_mesh(MeshConfig(**{"data": 1, "fsdp": 1, "tensor": 1, "expert": 1,
+                                            **sizes}))
+
+
+def _output_and_grads(params, x):
+    probe = jax.random.normal(jax.random.PRNGKey(5), x.shape)
+    loss = lambda p, x: jnp.sum(apply(p, x=x)[0] * probe)  # noqa: E731
+    return apply(params, x=x)[0], jax.grad(loss, argnums=(0, 1))(params, x)
+
+
+@pytest.mark.parametrize("sizes", [dict(data=4, fsdp=2), dict(data=2, fsdp=2, expert=2),
+                                   dict(data=2, fsdp=2, tensor=2)])
+def test_dropless_per_shard_matches_one_device(moe_params, sizes):
+    """Under data parallelism each shard routes its own tokens (a shard_map over the batch
+    axes); outputs and gradients equal the single-device computation, with the parameters
+    sharded as the trainer shards them (FSDP, expert and tensor axes)."""
+    x = jax.random.normal(jax.random.PRNGKey(4), (8, 8, CFG.d_model))
+    want = jax.jit(_output_and_grads)(moe_params, x)
+    mesh = _mesh(**sizes)
+    boxed = MoE(CFG).init(jax.random.PRNGKey(0), X)["params"]
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh,
+                                            mesh_lib.LOGICAL_RULES)
+    with mesh_lib.activate(mesh):
+        got = jax.jit(_output_and_grads)(jax.device_put(moe_params, shardings),
+                                         jax.device_put(x, mesh_lib.batch_sharding(mesh)))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), got, want)
+
+
+def test_dropless_batch_the_shards_cannot_split_takes_the_global_path(moe_params):
+    # The trainer initialises the model on a one-row batch with the mesh in context.
+    x = X[:1]
+    with mesh_lib.activate(_mesh(data=8)):
+        got = jax.jit(_output_and_grads)(moe_params, x)
+    want = jax.jit(_output_and_grads)(moe_params, x)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), got, want)
+
+
+def _array_shapes(hlo: str, op: str) -> list[tuple[int, ...]]:
+    """Shapes of the arrays each `op` instruction of a compiled HLO module produces."""
+    shapes = []
+    for line in hlo.splitlines():
+        m = re.search(rf"= \(?([^=]*?)\)? {op}\(", line)
+        if m:
+            shapes += [tuple(int(d) for d in dims.split(",") if d)
+                       for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))]
+    return shapes
+
+
+def test_dropless_no_device_sorts_the_global_batch(moe_params):
+    """data=8, global batch 8b: every device sorts and multiplies its own b*T*k assignments.
+    (Sorting the global batch all-gathers the routing and runs every token's experts on every
+    device: 8x the work and memory.)"""
+    b, T, k = 1, 12, CFG.top_k
+    local_rows, global_rows = b * T * k, 8 * b * T * k
+    x = jax.random.normal(jax.random.PRNGKey(4), (8 * b, T, CFG.d_model))
+    loss = lambda p, x: jnp.sum(apply(p, x=x)[0])  # noqa: E731
+    mesh = _mesh(data=8)
+    with mesh_lib.activate(mesh):
+        hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(
+            moe_params, jax.device_put(x, mesh_lib.batch_sharding(mesh))).compile().as_text()
+    sorts, dots = _array_shapes(hlo, "sort"), _array_shapes(hlo, "dot")
+    assert sorts and all(shape == (local_rows,) for shape in sorts), sorts
+    assert any(shape[0] == local_rows for shape in dots), dots
+    assert not any(global_rows in shape for shape in dots), dots

@@ -1,7 +1,8 @@
 """Token-choice top-k mixture of experts, with two dispatch paths that compute the same thing.
 
 - dropless: every (token, expert) assignment is sorted by expert and the experts run as one
-  grouped matmul (`jax.lax.ragged_dot`), so no token is ever dropped;
+  grouped matmul (`jax.lax.ragged_dot`), so no token is ever dropped; under data parallelism
+  each batch shard sorts and runs only its own tokens (a shard_map over the batch axes);
 - capacity: GShard/Switch-style, each expert taking at most C = ceil(capacity_factor * T *
   top_k / E) assignments per sequence (top-1 choices first) into a fixed (E, C) buffer, moved
   there and back by index; the rest are dropped and reported as `dropped_frac`.
@@ -22,11 +23,16 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import AbstractMesh, PartitionSpec
 
 from loopscale.config.schema import MLPKind, ModelConfig, MoEDispatch
 from loopscale.model import mup
 from loopscale.model.ffn import activate
 from loopscale.model.layers import weight
+from loopscale.train.mesh import BATCH_AXES
+
+# Logical axis names of (w_up, w_gate, w_down).
+WeightAxes = tuple[tuple[str | None, ...], ...]
 
 
 def load_balancing_loss(probs_NxE: jax.Array, load_E: jax.Array) -> jax.Array:
@@ -68,7 +74,8 @@ class MoE(nn.Module):
         weights = (w_up.astype(dtype), None if w_gate is None else w_gate.astype(dtype), w_down.astype(dtype))
 
         if cfg.moe_dispatch is MoEDispatch.DROPLESS:
-            y_BxTxD = _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, cfg.mlp, E)
+            y_BxTxD = _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights,
+                                (axes_in, axes_in, axes_out), cfg.mlp, E)
             dropped = jnp.zeros((), jnp.float32)
         else:
             y_BxTxD, dropped = _with_capacity(
@@ -92,7 +99,63 @@ def _expert_ffn(kind: MLPKind, x, weights, matmul: Callable) -> jax.Array:
     return matmul(activate(kind, matmul(x, w_up), gate), w_down)
 
 
-def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, n_experts):
+def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightAxes,
+              kind: MLPKind, n_experts: int) -> jax.Array:
+    """Dropless dispatch, per data-parallel shard when a mesh is in context.
+
+    Sorting the global batch by expert would make every device sort, gather and run every
+    token's experts (the argsort does not partition along the batch), so compute and memory
+    would grow with the data-parallel size. Routing never crosses sequences, so each shard
+    sorts only its own tokens instead: a shard_map manual over the batch axes, `tensor` left
+    to the compiler. A batch the shards cannot split evenly (the trainer's one-row init batch)
+    takes the global path, as does a single device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = _batch_axes(mesh)
+    shards = math.prod(mesh.shape[a] for a in axes)
+    if shards == 1 or x_BxTxD.shape[0] % shards:
+        return _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, n_experts)
+    # Every shard needs every expert whole. The weights enter split as they are stored (ZeRO-3
+    # over fsdp, experts over expert) and are all-gathered inside, because the transpose of
+    # that all-gather reduce-scatters their gradients; with a replicated in_spec, a v5p compile
+    # all-reduced each whole gradient and sliced it instead (twice a reduce-scatter's bytes).
+    weight_specs = tuple(_manual_spec(names, axes) for names in weight_axes)
+
+    def per_shard(x, experts, gates, split_weights):
+        whole = tuple(None if w is None else _gather(w, spec)
+                      for w, spec in zip(split_weights, weight_specs))
+        return _dropless_local(x, experts, gates, whole, kind, n_experts)
+
+    batch = PartitionSpec(axes)
+    return jax.shard_map(per_shard, mesh=mesh, in_specs=(batch, batch, batch, weight_specs),
+                         out_specs=batch, axis_names=frozenset(axes))(
+        x_BxTxD, experts_BxTxK, gates_BxTxK, weights)
+
+
+def _batch_axes(mesh: AbstractMesh) -> tuple[str, ...]:
+    """The mesh's data-parallel axes not already manual (none without a mesh in context), in
+    the order of the activations' batch sharding so entering the shard_map moves no data."""
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in mesh.manual_axes)
+
+
+def _manual_spec(names: tuple[str | None, ...], manual: tuple[str, ...]) -> PartitionSpec:
+    """A weight's stored partitioning (its logical axes under the rules in context) limited to
+    the shard_map's manual axes; a partial-auto shard_map may name no other axis."""
+    def kept(mesh_axes: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
+        mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()
+        return tuple(a for a in mesh_axes if a in manual) or None
+    return PartitionSpec(*map(kept, nn.logical_to_mesh_axes(names)))
+
+
+def _gather(w: jax.Array, spec: PartitionSpec) -> jax.Array:
+    """The whole weight from this device's part of it (split as `spec` says)."""
+    for dim, mesh_axes in enumerate(spec):
+        if mesh_axes:
+            w = jax.lax.all_gather(w, mesh_axes, axis=dim, tiled=True)
+    return w
+
+
+def _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind: MLPKind,
+                    n_experts: int) -> jax.Array:
     B, T, D = x_BxTxD.shape
     k = experts_BxTxK.shape[-1]
     x_NxD = x_BxTxD.reshape(B * T, D)
