@@ -33,6 +33,7 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
     if arg == "paper":
         m.d_model, m.n_heads, m.n_unique, m.n_loops = 256, 4, 4, 8
         c.train.steps, c.train.batch_size = 20000, 64
+        m.dtype = "bfloat16"  # activations, as the other paper presets
     else:
         m.d_model, m.n_heads, m.n_unique, m.n_loops = 64, 1, 2, 2
         c.train.steps, c.train.batch_size = 50, 16

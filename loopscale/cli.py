@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "coordcheck", "train", "plan", "sweep", "collect", "demo")
+COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "coordcheck", "train", "compile", "plan",
+                             "sweep", "collect", "demo")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from loopscale.aot.topology import quiet_libtpu
+
+    quiet_libtpu()  # before JAX starts a backend
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -7,6 +7,10 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from loopscale.aot.topology import quiet_libtpu  # noqa: E402
+
+quiet_libtpu()  # libtpu is installed for the TPU compile tests; keep its start-up quiet
+
 import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")

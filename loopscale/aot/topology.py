@@ -1,10 +1,9 @@
 """TPU topologies by name, as devices XLA can compile for on a machine without TPUs.
 
 Two spellings are accepted: libtpu's topology strings (`v5p:4x4x4`, `v5e:16x16`, `v6e:16x16`)
-and the cloud's accelerator names (`v5p-128`, `v5litepod-256`, `v6e-256`, `v4-32`). In the
-cloud's names v4 and v5p count TensorCores (two per chip), v5e and v6e count chips, so
-`v5p-128` is 64 chips laid out 4x4x4. A count of chips becomes the most cubic (v4, v5p: 3-D
-torus) or square (v5e, v6e: 2-D) power-of-two layout, the shapes the cloud provisions.
+and the cloud's accelerator names (`v5p-128`, `v5litepod-256`, `v6e-256`). In the cloud's
+names v5p counts TensorCores (two per chip), v5e and v6e count chips, so `v5p-128` is 64
+chips laid out 4x4x4. A count of chips becomes the most cubic (v5p: 3-D torus) or square (v5e, v6e: 2-D) power-of-two layout, the shapes the cloud provisions.
 Several slices (`slices=2`) are joined over the data-centre network (DCN).
 """
 
@@ -21,7 +20,7 @@ from loopscale.errors import UsageError
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
-    name: str  # libtpu's prefix: v4, v5e, v5p, v6e
+    name: str  # libtpu's prefix: v5e, v5p, v6e
     dims: int  # torus dimensions
     cores_per_chip: int  # in the cloud's accelerator names
     hbm_bytes: float  # per chip, what a program may use
@@ -29,12 +28,13 @@ class Generation:
     aliases: tuple[str, ...] = ()
 
 
+# HBM: what libtpu's compiler says a program may use on one chip (its out-of-memory error
+# names it: 95.74G, 15.75G, 31.25G, in GiB), a little under the chips' 95/16/32 GiB.
 GENERATIONS = {
     g.name: g for g in (
-        Generation("v4", 3, 2, 32 * 2**30, 275e12),
-        Generation("v5e", 2, 1, 16 * 2**30, 197e12, aliases=("v5litepod",)),
-        Generation("v5p", 3, 2, 95.74e9, 459e12),
-        Generation("v6e", 2, 1, 32 * 2**30, 918e12),
+        Generation("v5e", 2, 1, 15.75 * 2**30, 197e12, aliases=("v5litepod",)),
+        Generation("v5p", 3, 2, 95.74 * 2**30, 459e12),
+        Generation("v6e", 2, 1, 31.25 * 2**30, 918e12),
     )
 }
 _ALIASES = {a: g for g in GENERATIONS.values() for a in (g.name, *g.aliases)}
@@ -59,14 +59,16 @@ class Topology:
         return f"{self.generation.name}:{'x'.join(map(str, self.shape))}"
 
 
-def _layout(chips: int, dims: int) -> tuple[int, ...]:
-    """The most balanced power-of-two layout of `chips` over `dims` axes, smallest first."""
+def _layout(name: str, chips: int, dims: int) -> tuple[int, ...]:
+    """The most balanced power-of-two layout of `chips` over `dims` axes, as the cloud lays it
+    out: smallest first, except that unused axes (1) come last (v5p-8 is 2x2x1)."""
     if chips < 1 or chips & (chips - 1):
-        raise UsageError(f"{chips} chips is not a power of two; give the layout (e.g. v5p:4x4x8)")
+        raise UsageError(f"--topology={name!r}: {chips} chips is not a power of two; give the "
+                         "layout instead (e.g. v5p:4x4x8)")
     exps = [0] * dims
     for i in range(int(math.log2(chips))):
         exps[i % dims] += 1
-    return tuple(sorted(2**e for e in exps))
+    return tuple(sorted(2**e for e in exps if e)) + (1,) * exps.count(0)
 
 
 def parse(name: str, slices: int = 1) -> Topology:
@@ -88,7 +90,7 @@ def parse(name: str, slices: int = 1) -> Topology:
         if n % gen.cores_per_chip:
             raise UsageError(f"--topology={name!r}: {gen.name} names count {gen.cores_per_chip} "
                              "cores per chip")
-        shape = _layout(n // gen.cores_per_chip, gen.dims)
+        shape = _layout(name, n // gen.cores_per_chip, gen.dims)
     else:
         raise UsageError(f"--topology={name!r}: expected a layout like {gen.name}:"
                          f"{'x'.join(['2'] * gen.dims)} or a size like {gen.name}-8")
@@ -106,6 +108,9 @@ def quiet_libtpu() -> None:
     complains that it cannot find the TPU metadata. Call before JAX initialises a backend."""
     if tpu_attached():
         return
+    # Compiling only: several processes (test workers, sweep slots) may load libtpu at once,
+    # which its lock file would otherwise refuse.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")  # any valid name; never used to run
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")

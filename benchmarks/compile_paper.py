@@ -1,0 +1,91 @@
+"""Compile every paper-scale experiment for a TPU topology and tabulate what each needs per chip.
+
+    .venv/bin/python benchmarks/compile_paper.py --topology=v5p-128 --out=runs/compile
+
+For each `:paper` experiment (and the largest run of sweeps/isoflop_paper.py), the train step
+and the eval step are compiled ahead of time for the topology, at the experiment's own batch
+and mesh (libtpu's compiler on this CPU; no TPU needed), as `loopscale compile` does. One JSON
+report per (experiment, step) is kept in --out, so an interrupted run resumes; the Markdown
+table (memory per chip, HBM share, estimated step time and MFU, collectives per step) is
+printed and written to --out/table.md. It should show every row fitting in at most 90% of HBM.
+Paper-size compiles take from seconds to a few minutes each here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from loopscale.aot import topology
+
+EXPERIMENTS = {
+    "base": ("experiments/base.py:paper", []),
+    "looped": ("experiments/looped.py:paper", []),
+    "moe": ("experiments/moe.py:paper", []),
+    "looped_moe": ("experiments/looped_moe.py:paper", []),
+    "flt_6": ("experiments/flt.py:paper,6", []),
+    "flt_12": ("experiments/flt.py:paper,12", []),
+    "permutation": ("experiments/permutation.py:paper", []),
+    # The largest run of sweeps/isoflop_paper.py: MoE at the top of its width ladder.
+    "isoflop_largest": ("experiments/moe.py:paper",
+                        ["--config.model.d_model=1024", "--config.model.n_heads=16"]),
+}
+
+
+def row(name: str, r: dict) -> str:
+    mem = r["memory_per_chip"]
+    coll = r["collectives"] or {}
+    moved = sum(c["bytes"] for c in coll.values()) / 1e9
+    kinds = ", ".join(f"{k} {c['count']}" for k, c in coll.items() if c["count"])
+    time_s = f"{r['est_step_time_s']:.3f}" if r["est_step_time_s"] else "-"
+    mfu = f"{r['est_mfu']:.0%}" if r["est_mfu"] else "-"
+    mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items() if v > 1)
+    return (f"| {name} | {r['step']} | {r['global_batch']} | {mesh} | "
+            f"{mem['arguments'] / 1e9:.1f} | {mem['temporaries'] / 1e9:.1f} | "
+            f"{mem['total'] / 1e9:.1f} | {r['hbm_fraction']:.0%} | {time_s} | {mfu} | "
+            f"{moved:.2f} GB ({kinds}) | {r['compile_time_s']:.0f} |")
+
+
+def main() -> None:
+    topology.quiet_libtpu()
+    from loopscale.aot import compile as aot
+    from loopscale.config import load_config, parse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--topology", default="v5p-128")
+    p.add_argument("--out", default="runs/compile")
+    p.add_argument("--only", default="", help="comma-separated experiment names (default: all)")
+    p.add_argument("--steps", default="train,eval")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    target = aot.tpu_target(args.topology)
+    names = args.only.split(",") if args.only else list(EXPERIMENTS)
+    lines = [f"Compiled for {target.name} ({len(target.devices)} chips, "
+             f"{target.hbm_bytes / 1e9:.1f} GB HBM each):", "",
+             "| run | step | batch | mesh | params+opt GB | temporaries GB | total GB | HBM "
+             "| est. step s | est. MFU | collectives per step | compile s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in names:
+        experiment, overrides = EXPERIMENTS[name]
+        for step in args.steps.split(","):
+            path = os.path.join(args.out, f"{name}.{step}.json")
+            if not os.path.exists(path):
+                t0 = time.time()
+                config = parse(load_config(experiment, overrides))
+                report = aot.report(config, target, step)
+                with open(path + ".tmp", "w") as f:
+                    json.dump(report, f, indent=2)
+                os.replace(path + ".tmp", path)
+                print(f"{name} {step}: {time.time() - t0:.0f} s", flush=True)
+            with open(path) as f:
+                lines.append(row(name, json.load(f)))
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Compile the real train (or eval) step for a set of devices and read back what it needs.
+
+The step is the trainer's own (`trainer.jit_train_step` / `jit_eval_step`), with the trainer's
+mesh, shardings and donation, lowered on abstract inputs (nothing is allocated) inside the
+mesh context, then compiled by XLA for the target devices: TPU chips of a topology this host
+does not have (libtpu's compiler), or the local devices.
+
+What comes back, per chip:
+- memory: XLA's buffer assignment of the compiled program (arguments, outputs, the part of
+  the outputs aliased to donated arguments, temporaries, generated code);
+- flops and the estimated step time: XLA's cost analysis. It counts the body of a `while`
+  loop once whatever its trip count, so the scanned program (loops x layers) would be
+  under-counted. The estimate is therefore read from four shallow unrolled compiles of the same
+  step (1 or 2 loops of 1 or 2 layers) and extrapolated, since the cost is linear in both:
+  cost(K, L) = X + L a0 + (K - 1)(L a1 + b1), where X is everything outside the layers
+  (embedding, readout, loss, optimiser of the vocabulary matrices), a0 a layer on loop 1,
+  a1 a layer on a later loop (injection adds work there) and b1 a later loop's own work;
+- collectives: all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute
+  read from the compiled HLO, count and bytes per step (extrapolated the same way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from loopscale import flops as flops_lib
+from loopscale.aot import topology
+from loopscale.config import Config
+from loopscale.config.schema import FlopConvention
+from loopscale.train import mesh as mesh_lib
+from loopscale.train import trainer
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+STEPS = ("train", "eval")
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
+# One HLO instruction a line: `%name = TYPE op(operands), ...`, TYPE one array or a tuple of
+# arrays; `-start` is the async form (its `-done` partner is not counted again).
+_COLLECTIVE_RE = re.compile(
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(",
+    re.MULTILINE)
+_ARRAY_RE = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def abstract_batch(config: Config, sharding) -> dict:
+    """The global batch the trainer feeds the step, as shapes with the batch sharding."""
+    t = config.train
+    B, T = t.batch_size, t.seq_len
+
+    def spec(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    batch = {"inputs": spec((B, T), jnp.int32), "targets": spec((B, T), jnp.int32),
+             "mask": spec((B, T), jnp.bool_)}
+    if t.intermediate_supervision:  # the looped model's per-loop labels (data/permutation.py)
+        batch.update(loop_labels=spec((B, config.model.n_loops), jnp.int32),
+                     answer_pos=spec((B,), jnp.int32))
+    return batch
+
+
+def lower(config: Config, devices, step: str = "train"):
+    """The trainer's step for `config` on `devices`, lowered on abstract inputs."""
+    s = trainer.setup(config, devices)
+    state = trainer.abstract_state(s)
+    batch = abstract_batch(config, s.batch_sharding)
+    with mesh_lib.activate(s.mesh):
+        if step == "train":
+            lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=mesh_lib.replicated(s.mesh))
+            return trainer.jit_train_step(s, config.model.n_loops).lower(state, batch, lr), s
+        return trainer.jit_eval_step(s, config.model.n_loops).lower(state.params, batch), s
+
+
+def memory(compiled) -> dict:
+    m = compiled.memory_analysis()
+    out = {
+        "arguments": int(m.argument_size_in_bytes),
+        "outputs": int(m.output_size_in_bytes),
+        "aliased": int(m.alias_size_in_bytes),
+        "temporaries": int(m.temp_size_in_bytes),
+        "code": int(m.generated_code_size_in_bytes),
+    }
+    # Donated arguments alias outputs: those bytes are held once.
+    out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"] \
+        + out["code"]
+    return out
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0]
+    return dict(cost or {})
+
+
+def collectives(hlo_text: str) -> dict:
+    """Count and bytes (of each op's result) of every collective in an HLO module's text."""
+    out = {name: {"count": 0, "bytes": 0} for name in COLLECTIVES}
+    for match in _COLLECTIVE_RE.finditer(hlo_text):
+        result, op, started = match.groups()
+        sizes = [_DTYPE_BYTES[dt] * _prod(dims) for dt, dims in _ARRAY_RE.findall(result)
+                 if dt in _DTYPE_BYTES]
+        if started:  # an async start returns (operands..., results...): count the results
+            sizes = sizes[len(sizes) // 2:]
+        out[op]["count"] += 1
+        out[op]["bytes"] += sum(sizes)  # a combined collective returns a tuple: all of it moves
+    return out
+
+
+def _prod(dims: str) -> int:
+    n = 1
+    for d in filter(None, dims.split(",")):
+        n *= int(d)
+    return n
+
+
+def _shallow(config: Config, loops: int, layers: int) -> Config:
+    """`config` at `loops` x `layers`, unrolled, one micro-batch per step (the scan over
+    micro-batches is a while loop too)."""
+    model = dataclasses.replace(config.model, n_loops=loops, n_unique=layers, scan=False)
+    t = config.train
+    train = dataclasses.replace(t, batch_size=t.batch_size // t.grad_accum, grad_accum=1)
+    return dataclasses.replace(config, model=model, train=train)
+
+
+def _extrapolate(c: dict, loops: int, layers: int) -> float:
+    """cost(K, L) = X + L a0 + (K - 1)(L a1 + b1) from c[(k, l)] at k, l in {1, 2}."""
+    a0 = c[1, 2] - c[1, 1]
+    if loops == 1:
+        return c[1, 1] + (layers - 1) * a0
+    a1 = c[2, 2] - c[2, 1] - a0
+    b1 = c[2, 1] - c[1, 1] - a1
+    x = c[1, 1] - a0
+    return x + layers * a0 + (loops - 1) * (layers * a1 + b1)
+
+
+def step_cost(config: Config, devices, step: str = "train") -> dict:
+    """XLA's per-chip flops, step time (`optimal_seconds`) and collectives of the whole step,
+    extrapolated from shallow unrolled compiles (module docstring)."""
+    K, L = config.model.n_loops, config.model.n_unique
+    points = [(1, 1), (1, 2)] + ([(2, 1), (2, 2)] if K > 1 else [])
+    figures = {}
+    for k, l in points:
+        lowered, _ = lower(_shallow(config, k, l), devices, step)
+        compiled = lowered.compile()
+        cost = _cost(compiled)
+        coll = collectives(compiled.as_text())
+        figures[k, l] = {"flops": float(cost.get("flops", 0.0)),
+                         "seconds": float(cost.get("optimal_seconds", 0.0)),
+                         **{f"{op}/{key}": float(coll[op][key]) for op in COLLECTIVES
+                            for key in ("count", "bytes")}}
+    accum = config.train.grad_accum
+    est = {name: accum * _extrapolate({p: f[name] for p, f in figures.items()}, K, L)
+           for name in figures[1, 1]}
+    return {
+        "xla_flops_per_chip": est["flops"],
+        "est_step_time_s": est["seconds"] or None,  # 0: this backend's model has no time
+        "collectives": {op: {"count": round(est[f"{op}/count"]), "bytes": est[f"{op}/bytes"]}
+                        for op in COLLECTIVES},
+    }
+
+
+# libtpu refuses to compile a program that does not fit, naming what it needs (in GiB).
+_OOM_RE = re.compile(r"memory required for HLO temporaries \(([\d.]+)G\) exceeds available HBM")
+
+
+def _shard_bytes(tree) -> int:
+    return sum(x.dtype.itemsize * math.prod(x.sharding.shard_shape(x.shape))
+               for x in jax.tree.leaves(tree))
+
+
+def compile_step(config: Config, devices, step: str = "train") -> dict:
+    """Memory of the real (scanned) step compiled for `devices`, and how long that took. A
+    step the compiler refuses for lack of memory is reported from its error: the temporaries
+    it needs, the arguments from their shardings (`memory_per_chip.from_error` is then true)."""
+    t0 = time.perf_counter()
+    lowered, s = lower(config, devices, step)
+    try:
+        mem = memory(lowered.compile())
+    except jax.errors.JaxRuntimeError as e:
+        need = _OOM_RE.search(str(e))
+        if not need:
+            raise
+        state = trainer.abstract_state(s)
+        args = _shard_bytes((state if step == "train" else state.params,
+                             abstract_batch(config, s.batch_sharding)))
+        temps = int(float(need.group(1)) * 2**30)
+        mem = {"arguments": args, "outputs": None, "aliased": None, "temporaries": temps,
+               "code": None, "total": args + temps, "from_error": True}
+    return {"mesh": dict(s.mesh.shape), "memory_per_chip": mem,
+            "compile_time_s": time.perf_counter() - t0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What to compile for: devices, and the chip's HBM and peak rate (None where unknown)."""
+
+    name: str
+    devices: list
+    slices: int
+    hbm_bytes: float | None
+    peak_flops: float | None
+
+
+def tpu_target(name: str, slices: int = 1) -> Target:
+    topo = topology.parse(name, slices)
+    gen = topo.generation
+    return Target(topo.name, topology.devices(topo), slices, gen.hbm_bytes, gen.peak_flops)
+
+
+def local_target(peak_flops: float = 0.0) -> Target:
+    """The local devices (GPUs where present): HBM from the runtime's own limit."""
+    devices = jax.devices()
+    stats = devices[0].memory_stats() or {}
+    return Target(f"local:{devices[0].platform}", devices, 1, stats.get("bytes_limit"),
+                  peak_flops or None)
+
+
+def report(config: Config, target: Target, step: str = "train", cost: bool = True) -> dict:
+    """Everything `loopscale compile` prints (commands/compile.py documents the keys)."""
+    t = config.train
+    compiled = compile_step(config, target.devices, step)
+    per_token = flops_lib.flops_per_token(config.model, t.seq_len, FlopConvention.ATTENTION)
+    # Model FLOPs of the step: 6N per token for training (forward 2N + backward 4N), 2N for
+    # a forward-only evaluation; attention matmuls counted in full, recomputation not at all.
+    model_flops = per_token * t.batch_size * t.seq_len * (1.0 if step == "train" else 1 / 3)
+    mem = compiled["memory_per_chip"]
+    hbm = target.hbm_bytes
+    out = {
+        "topology": target.name,
+        "chips": len(target.devices),
+        "slices": target.slices,
+        "device_kind": target.devices[0].device_kind,
+        "step": step,
+        "mesh": compiled["mesh"],
+        "global_batch": t.batch_size,
+        "seq_len": t.seq_len,
+        "n_loops": config.model.n_loops,
+        "dtype": config.model.dtype.value,
+        "hbm_bytes_per_chip": hbm,
+        "memory_per_chip": mem,
+        "hbm_fraction": mem["total"] / hbm if hbm else None,
+        "fits": mem["total"] <= hbm if hbm else None,
+        "model_flops_per_step": model_flops,
+        "xla_flops_per_chip": None,
+        "est_step_time_s": None,
+        "est_mfu": None,
+        "collectives": None,
+        "compile_time_s": compiled["compile_time_s"],
+    }
+    if cost and out["fits"] is not False:
+        out.update(step_cost(config, target.devices, step))
+        seconds = out["est_step_time_s"]
+        if seconds and target.peak_flops:
+            out["est_mfu"] = model_flops / len(target.devices) / seconds / target.peak_flops
+    return out

@@ -1,0 +1,157 @@
+"""Ahead-of-time compilation for TPU topologies (libtpu's compiler on this CPU): topology
+names, reading the compiled program, activation constraints in effect, `loopscale compile`.
+Weak scaling per family is in test_weak_scaling.py (a file of its own: it is the slowest)."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from loopscale import cli
+from loopscale.aot import compile as aot
+from loopscale.aot import topology
+from loopscale.config import load_config, parse
+from loopscale.config.schema import MeshConfig
+from loopscale.errors import UsageError
+
+topology.quiet_libtpu()
+
+
+
+# --- Topology names. ---
+
+@pytest.mark.parametrize("name, layout, chips", [
+    ("v5p-128", "v5p:4x4x4", 64),
+    ("v5p-8", "v5p:2x2x1", 4),
+    ("v5p:2x2x2", "v5p:2x2x2", 8),
+    ("v5litepod-256", "v5e:16x16", 256),
+    ("v5e-8", "v5e:2x4", 8),
+    ("v6e-256", "v6e:16x16", 256),
+    ("v6e-128", "v6e:8x16", 128),
+    ("v5p-2", "v5p:1x1x1", 1),
+])
+def test_topology_names(name, layout, chips):
+    topo = topology.parse(name)
+    assert (topo.name, topo.chips) == (layout, chips)
+    assert topology.parse(name, slices=2).chips == 2 * chips
+
+
+@pytest.mark.parametrize("name", ["v9-8", "v5p-12", "v5p:4x4", "v5e:2x2x2", "v5p-3", "tpu"])
+def test_bad_topology_names_say_why(name):
+    with pytest.raises(UsageError, match="topology"):
+        topology.parse(name)
+
+
+def test_two_slices_put_the_data_axis_across_them():
+    from loopscale.train import mesh as mesh_lib
+
+    devices = topology.devices(topology.parse("v5p:2x2x1", slices=2))
+    mesh = mesh_lib.make_mesh(MeshConfig(data=2, fsdp=4, tensor=1, expert=1), devices)
+    slice_of = np.vectorize(lambda d: d.slice_index)(mesh.devices)
+    # Along `data` the slice changes; along every other axis it does not.
+    assert (slice_of[0] == 0).all() and (slice_of[1] == 1).all()
+    with pytest.raises(UsageError, match="multiple of the 2 slices"):
+        mesh_lib.make_mesh(MeshConfig(data=1, fsdp=8, tensor=1, expert=1), devices)
+
+
+# --- Reading the compiled program. ---
+
+HLO = """
+  %all-reduce.3 = (f32[4,8]{1,0}, /*index=1*/bf16[16]{0}) all-reduce(%a, %b), channel_id=1
+  %all-gather-start.1 = (f32[2,8]{1,0}, f32[16,8]{1,0}) all-gather-start(%p), dimensions={0}
+  %all-gather-done.1 = f32[16,8]{1,0} all-gather-done(%all-gather-start.1)
+  ROOT %reduce-scatter.2 = f32[2]{0} reduce-scatter(%all-reduce.3), dimensions={0}
+  %fusion.1 = f32[4]{0} fusion(%all-reduce.3), kind=kLoop
+"""
+
+
+def test_collectives_are_read_from_hlo():
+    got = aot.collectives(HLO)
+    assert got["all-reduce"] == {"count": 1, "bytes": 4 * 8 * 4 + 16 * 2}  # the whole tuple
+    assert got["all-gather"] == {"count": 1, "bytes": 16 * 8 * 4}  # the result, once
+    assert got["reduce-scatter"] == {"count": 1, "bytes": 8}
+    assert got["all-to-all"] == got["collective-permute"] == {"count": 0, "bytes": 0}
+
+
+def test_cost_extrapolation_is_exact_for_a_linear_cost():
+    x, a0, a1, b1 = 100.0, 7.0, 9.0, 3.0
+
+    def cost(k, l):
+        return x + l * a0 + (k - 1) * (l * a1 + b1)
+
+    points = {(k, l): cost(k, l) for k in (1, 2) for l in (1, 2)}
+    assert aot._extrapolate(points, 6, 12) == pytest.approx(cost(6, 12))
+    assert aot._extrapolate(points, 1, 16) == pytest.approx(cost(1, 16))
+
+
+# --- The sharding, as compiled. ---
+
+def _config(family, *overrides):
+    return parse(load_config(f"experiments/{family}.py:tiny", list(overrides)))
+
+
+@pytest.fixture(scope="module")
+def v5p8():
+    return topology.devices(topology.parse("v5p:2x2x2"))
+
+
+def test_activation_constraints_split_the_batch_under_fsdp():
+    """Under fsdp=4 the lowered step carries the model's constraints, and after partitioning
+    each device's attention logits hold batch/4 rows (without the constraints XLA split the
+    hidden dimension instead and every device held the whole batch)."""
+    B, T, H = 8, 16, 2
+    config = _config("base", "--config.mesh.data=1", "--config.mesh.fsdp=4",
+                     f"--config.train.batch_size={B}", f"--config.train.seq_len={T}",
+                     f"--config.model.n_heads={H}", "--config.model.head_dim=32")
+    lowered, _ = aot.lower(config, jax.devices()[:4])
+    assert lowered.as_text().count("sharding_constraint") >= 4
+    hlo = lowered.compile().as_text()
+    assert f"f32[{B // 4},{H},{T},{T}]" in hlo
+    assert f"f32[{B},{H},{T},{T}]" not in hlo
+
+
+# --- `loopscale compile`. ---
+
+def test_compile_command_prints_the_report(capsys):
+    code = cli.main(["compile", "--config=experiments/looped.py:tiny", "--topology=v5p:2x2x2",
+                     "--config.train.batch_size=16", "--config.mesh.fsdp=-1",
+                     "--config.mesh.data=1"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert (out["chips"], out["device_kind"], out["mesh"]["fsdp"]) == (8, "TPU v5", 8)
+    assert out["fits"] is True and 0 < out["hbm_fraction"] < 0.01
+    mem = out["memory_per_chip"]
+    assert mem["total"] == (mem["arguments"] + mem["outputs"] - mem["aliased"]
+                            + mem["temporaries"] + mem["code"])
+    assert out["est_step_time_s"] > 0 and 0 < out["est_mfu"] < 1
+    # The analytic model FLOPs are at least what XLA executes per chip, times the chips,
+    # less the optimiser and elementwise work the model count leaves out (within 2x).
+    assert out["xla_flops_per_chip"] * 8 == pytest.approx(out["model_flops_per_step"], rel=1.0)
+    assert out["collectives"]["all-gather"]["count"] > 0  # FSDP gathers its parameters
+
+
+def test_a_step_that_does_not_fit_exits_1_and_says_what_it_needs(capsys):
+    code = cli.main(["compile", "--config=experiments/base.py:tiny", "--topology=v5e:1x1",
+                     "--no-cost", "--config.model.vocab_size=1000000",
+                     "--config.model.d_model=2048", "--config.model.n_heads=16"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert json.loads(captured.out)["fits"] is False
+    assert "does not fit v5e:1x1: needs" in captured.err and len(captured.err.splitlines()) == 1
+
+
+def test_bad_topology_exits_2(capsys):
+    assert cli.main(["compile", "--config=experiments/base.py:tiny", "--topology=v7x-8"]) == 2
+    assert "topology" in capsys.readouterr().err
+
+
+def test_eval_step_compiles_in_micro_batches(v5p8):
+    config = _config("flt", "--config.train.batch_size=32", "--config.train.grad_accum=4",
+                     "--config.train.ce_chunk=16", "--config.model.vocab_size=4096")
+    whole = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, grad_accum=1, ce_chunk=0))
+    chunked = aot.memory(aot.lower(config, v5p8, "eval")[0].compile())["temporaries"]
+    at_once = aot.memory(aot.lower(whole, v5p8, "eval")[0].compile())["temporaries"]
+    assert chunked < at_once / 2
