@@ -155,3 +155,20 @@ def test_eval_step_compiles_in_micro_batches(v5p8):
     chunked = aot.memory(aot.lower(config, v5p8, "eval")[0].compile())["temporaries"]
     at_once = aot.memory(aot.lower(whole, v5p8, "eval")[0].compile())["temporaries"]
     assert chunked < at_once / 2
+
+
+def test_libtpu_start_up_is_quiet_on_a_cpu_machine():
+    """libtpu is installed; on a host without TPUs its start-up warnings must not reach users
+    of any command (they come from C++ at backend start, before Python logging)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS",
+                                                                     "ALLOW_MULTIPLE_LIBTPU"))}
+    run = subprocess.run([sys.executable, "-m", "loopscale.cli", "compile",
+                          "--config=experiments/base.py:tiny", "--topology=v5p:2x2x1",
+                          "--no-cost"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["chips"] == 4
+    assert run.stderr == ""
