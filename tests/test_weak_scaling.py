@@ -39,12 +39,12 @@ def test_weak_scaling_on_eight_chips(family, v5p8, v5p1):
     under data=8 and under fsdp=8; fsdp holds 1/8 of data parallel's parameters and optimiser
     state per chip. d_model 1024 so that an eighth of it still fills the TPU's 128-wide tiles
     (narrower shards are padded to 128 in memory, which tiny widths would measure instead);
-    2 effective layers and 4k tokens a chip so that activations, the part that must scale,
+    2 effective layers and 8k tokens a chip so that activations, the part that must scale,
     outweigh the gradient buffers of data parallelism's all-reduce, as they do at paper size."""
     b = 8
     loops = 2 if family.startswith("looped") else 1
     sizes = ("--config.model.d_model=1024", "--config.model.n_heads=8",
-             "--config.model.head_dim=128", "--config.train.seq_len=512",
+             "--config.model.head_dim=128", "--config.train.seq_len=1024",
              f"--config.model.n_unique={2 // loops}", f"--config.model.n_loops={loops}")
     one_mem, one_flops = _figures(_config(family, *sizes, f"--config.train.batch_size={b}"), v5p1)
     args = {}
