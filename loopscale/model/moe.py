@@ -29,7 +29,7 @@ from loopscale.config.schema import MLPKind, ModelConfig, MoEDispatch
 from loopscale.model import mup
 from loopscale.model.ffn import activate
 from loopscale.model.layers import weight
-from loopscale.train.mesh import BATCH_AXES
+from loopscale.model.sharding import BATCH_AXES
 
 # Logical axis names of (w_up, w_gate, w_down).
 WeightAxes = tuple[tuple[str | None, ...], ...]

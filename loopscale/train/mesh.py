@@ -1,4 +1,4 @@
-"""The device mesh and the rules that map the model's logical axis names onto it.
+"""The device mesh, with the model's logical axis rules (model/sharding.py) in context.
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with parameters and optimiser
 state sharded), `tensor` (heads, FFN width, vocabulary), `expert` (MoE experts; batch too, so
@@ -18,35 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from loopscale.config.schema import MeshConfig
 from loopscale.errors import UsageError
-
-AXES = ("data", "fsdp", "tensor", "expert")
-
-# Logical name -> mesh axes, tried in order; flax skips a mesh axis already used by an earlier
-# dimension of the same array. Parameters and activations use separate names (as MaxText does)
-# because one name cannot serve both: a parameter's `embed` axis is split over `fsdp` (ZeRO-3),
-# while an activation's hidden axis must stay whole, its batch axis taking `fsdp` instead.
-PARAM_RULES = (
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("expert", "expert"),
-    ("layers", None),
-)
-# Activations: rows of the batch over every data-parallel axis (`expert` too, so expert-parallel
-# devices still split the batch); heads, FFN width and vocabulary over `tensor`.
-ACTIVATION_RULES = (
-    ("act_batch", ("data", "fsdp", "expert")),
-    ("act_length", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_kv", None),
-    ("act_mlp", "tensor"),
-    ("act_vocab", "tensor"),
-)
-LOGICAL_RULES = PARAM_RULES + ACTIVATION_RULES
-BATCH_AXES = ("data", "fsdp", "expert")
+from loopscale.model.sharding import AXES, BATCH_AXES, LOGICAL_RULES
 
 
 @contextlib.contextmanager

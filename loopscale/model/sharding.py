@@ -1,0 +1,34 @@
+"""The mesh axes and the rules that map the model's logical axis names onto them.
+
+They live with the model (which names the axes, and whose dropless MoE shards over the batch
+axes) and are read by the trainer (train/mesh.py builds the mesh and puts the rules in context).
+"""
+
+AXES = ("data", "fsdp", "tensor", "expert")
+
+# Logical name -> mesh axes, tried in order; flax skips a mesh axis already used by an earlier
+# dimension of the same array. Parameters and activations use separate names (as MaxText does)
+# because one name cannot serve both: a parameter's `embed` axis is split over `fsdp` (ZeRO-3),
+# while an activation's hidden axis must stay whole, its batch axis taking `fsdp` instead.
+PARAM_RULES = (
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("expert", "expert"),
+    ("layers", None),
+)
+# Activations: rows of the batch over every data-parallel axis (`expert` too, so expert-parallel
+# devices still split the batch); heads, FFN width and vocabulary over `tensor`.
+ACTIVATION_RULES = (
+    ("act_batch", ("data", "fsdp", "expert")),  # first: BATCH_AXES reads it
+    ("act_length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+)
+LOGICAL_RULES = PARAM_RULES + ACTIVATION_RULES
+BATCH_AXES = ACTIVATION_RULES[0][1]
