@@ -176,3 +176,27 @@ def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):
     saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
     assert saved and saved[-1] == last < 400
     assert summary(tmp_path / "run")["status"] == "running"
+
+
+def test_a_muon_run_resumes_from_its_checkpoint(corpus, tmp_path):
+    """The FLT recipe's optimiser state (Muon and AdamW under optax masks) restores: a run cut
+    back to its step-2 checkpoint, as a crash after step 2 leaves it, resumes and repeats the
+    losses of steps 3-4 exactly. (Restoring a masked state used to fail on its empty nodes.)"""
+    import shutil
+
+    from etils import epath
+
+    from loopscale.train.rundir import write_json_atomic
+
+    config = trainkit.config("flt", *corpus, **{"train.optimizer": "muon", "train.steps": 4,
+                                                "train.checkpoint_every": 2,
+                                                "train.eval_every": 0})
+    workdir = tmp_path / "run"
+    assert train(config, str(workdir)) == 0
+    first = train_losses(workdir)
+    shutil.rmtree(workdir / "checkpoints" / "4")
+    kept = [r for r in rows(workdir) if r.get("step", 0) <= 2 and "loss" in r]
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    write_json_atomic(epath.Path(workdir / "summary.json"), {**summary(workdir), "status": "running"})
+    assert train(config, str(workdir)) == 0
+    assert train_losses(workdir) == first

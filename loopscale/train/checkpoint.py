@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grain
 import jax
+import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -43,4 +44,12 @@ class Checkpointer:
 
 
 def abstract_like(tree, shardings):
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    """Shapes and dtypes of `tree` with `shardings` attached. optax's masked states (Muon's
+    recipe masks its AdamW and Muon parts) hold an empty `MaskedNode` where the sharding tree,
+    derived from the parameters' names, has a sharding: those stay empty."""
+    def attach(x, s):
+        if isinstance(x, optax.MaskedNode):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+    return jax.tree.map(attach, tree, shardings, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
