@@ -10,11 +10,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from loopscale.commands import (
+    collect,
+    compile,
+    coordcheck,
+    demo,
+    fit,
+    flops,
+    plan,
+    report,
+    sweep,
+    train,
+)
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS: tuple[str, ...] = ("flops", "fit", "report", "coordcheck", "train", "compile", "plan",
-                             "sweep", "collect", "demo")
+COMMANDS = (flops, fit, report, coordcheck, train, compile, plan, sweep, collect, demo)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -26,13 +37,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import importlib
-
     parser = OneLineParser(prog="loopscale", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
-                                metavar="{" + ",".join(COMMANDS) + "}")
-    for name in COMMANDS:
-        importlib.import_module(f"loopscale.commands.{name}").register(sub)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 
