@@ -158,12 +158,21 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
     accum = config.train.grad_accum
     est = {name: accum * _extrapolate({p: f[name] for p, f in figures.items()}, K, L)
            for name in figures[1, 1]}
-    return {
+    out = {
         "xla_flops_per_chip": est["flops"],
         "est_step_time_s": est["seconds"] or None,  # 0: this backend's model has no time
+        "cost_warning": None,
         "collectives": {op: {"count": round(est[f"{op}/count"]), "bytes": est[f"{op}/bytes"]}
                         for op in COLLECTIVES},
     }
+    if min(f["seconds"] for f in figures.values()) < 0:
+        # Measured: libtpu's cost model returns a negative time for programs with
+        # jax.lax.ragged_dot (the dropless MoE), and counts its backward dense over experts.
+        out["est_step_time_s"] = None
+        out["cost_warning"] = ("XLA's cost model gives no step time for this program (negative: "
+                               "jax.lax.ragged_dot, the dropless MoE); for an estimate compile "
+                               "with --config.model.moe_dispatch=capacity")
+    return out
 
 
 # libtpu refuses to compile a program that does not fit, naming what it needs (in GiB).
@@ -251,6 +260,7 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
         "xla_flops_per_chip": None,
         "est_step_time_s": None,
         "est_mfu": None,
+        "cost_warning": None,
         "collectives": None,
         "compile_time_s": compiled["compile_time_s"],
     }

@@ -7,7 +7,7 @@ global_batch, seq_len, n_loops, dtype, hbm_bytes_per_chip, memory_per_chip (argu
 outputs, aliased, temporaries, code, total: bytes per chip of the compiled program),
 hbm_fraction, fits, model_flops_per_step (analytic, 6N + attention per token; a third of it
 for eval), xla_flops_per_chip, est_step_time_s (XLA's cost model), est_mfu, collectives (per
-kind: count and bytes per step) and compile_time_s. The cost figures come from shallow
+kind: count and bytes per step), cost_warning (why a cost figure is missing) and compile_time_s. The cost figures come from shallow
 unrolled compiles extrapolated to the full depth (loopscale/aot/compile.py says why);
 `--no-cost` skips them. A step that does not fit exits 1 after the JSON, with one line saying
 what it needs."""
