@@ -9,6 +9,11 @@ Paths are etils.epath paths, so a workdir may be local or any filesystem epath u
   so every step appears exactly once.
 - summary.json: status and results, replaced atomically (written to a temporary name, then
   renamed), so a reader never sees half a file.
+- tensorboard/: the same rows as TensorBoard scalars, written synchronously (tensorboardX's
+  SummaryWriter writes from a thread that dies on a write error, after which the run blocks
+  forever on its full queue, SIGTERM included). On resume, the new events file opens with a
+  purge marker at the first step to be logged again, so TensorBoard drops the old file's events
+  from that step on and shows each step once, as metrics.jsonl does.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import errno
 import math
+import time
 from typing import Any
 
 from etils import epath
+
+from loopscale.errors import UsageError
 
 STATUSES = ("running", "completed", "diverged", "failed")
 
@@ -50,14 +59,29 @@ def read_json(path: epath.Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _check_writable(path: epath.Path) -> None:
+    """Creates the workdir and writes (then removes) a probe file there, so that a workdir that
+    cannot hold a run (under a regular file, read-only, no permission) is a UsageError before
+    any work is done, not a traceback after it."""
+    probe = path / ".loopscale-write-probe"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        problem = e.strerror or errno.errorcode.get(e.errno, type(e).__name__)
+        raise UsageError(f"workdir {path}: cannot write there ({problem})") from None
+
+
 class RunDirectory:
     def __init__(self, workdir: str | epath.Path, write: bool = True):
         self.path = epath.Path(workdir)
         self.write = write  # False on processes other than 0
         if write:
-            self.path.mkdir(parents=True, exist_ok=True)
+            _check_writable(self.path)
         self._metrics = None
         self._tb = None
+        self._purge_step: int | None = None
 
     @property
     def checkpoint_dir(self) -> epath.Path:
@@ -83,7 +107,8 @@ class RunDirectory:
             write_json_atomic(self.summary_path, summary)
 
     def open_metrics(self, resume_step: int) -> list[dict]:
-        """Keeps the rows up to `resume_step` (those the checkpoint has seen) and returns them."""
+        """Keeps the rows up to `resume_step` (those the checkpoint has seen) and returns them;
+        TensorBoard events past it are purged too (see the module docstring)."""
         kept = []
         if self.metrics_path.exists():
             for line in self.metrics_path.read_text().splitlines():
@@ -96,6 +121,7 @@ class RunDirectory:
         if self.write:
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
             self._metrics = self.metrics_path.open("a")
+            self._purge_step = resume_step + 1  # even at 0: a run may have failed before a checkpoint
         return kept
 
     def log(self, row: dict) -> None:
@@ -108,18 +134,17 @@ class RunDirectory:
 
     def _tensorboard(self, row: dict) -> None:
         if self._tb is None:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.path / "tensorboard"))
+            self._tb = _Events(self.path / "tensorboard", self._purge_step)
         step = row["step"]
         for key, value in row.items():
             if key == "step":
                 continue
             if isinstance(value, (int, float)):
-                self._tb.add_scalar(key, value, step)
+                self._tb.scalar(key, value, step)
             elif isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
                 for i, v in enumerate(value):  # per-loop values: one curve per loop
-                    self._tb.add_scalar(f"{key}/{i + 1}", v, step)
+                    self._tb.scalar(f"{key}/{i + 1}", v, step)
+        self._tb.flush()
 
     def close(self) -> None:
         if self._metrics is not None:
@@ -128,3 +153,35 @@ class RunDirectory:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+class _Events:
+    """A TensorBoard events file written in the caller's thread, so a failed write (a full disk)
+    raises there. `purge_step`: TensorBoard discards earlier events at or past it (a resume)."""
+
+    def __init__(self, directory: epath.Path, purge_step: int | None):
+        from tensorboardX.event_file_writer import EventsWriter
+
+        directory.mkdir(parents=True, exist_ok=True)
+        # The file is named by the second it opens: a suffix keeps a resume within the same
+        # second from overwriting the previous file.
+        n = len(list(directory.glob("events.out.tfevents.*")))
+        self._writer = EventsWriter(str(directory / "events"), filename_suffix=f".{n}")
+        if purge_step is not None:
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+            self._writer.write_event(Event(wall_time=time.time(), step=purge_step,
+                                           session_log=SessionLog(status=SessionLog.START)))
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        self._writer.write_event(Event(wall_time=time.time(), step=step,
+                                       summary=scalar(tag, value)))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,92 @@
+"""The catalogue of bad input: each row a command line that once gave a traceback (or a
+misleading message), the exit status it must give now (2) and a phrase its one line on stderr
+must hold. Every bug of this kind found later becomes one more row.
+
+Rows run in-process through `loopscale.cli.main`, so they cost no interpreter start-up; each
+must fail before any training or compile starts (a row that trained would be a bug, and slow).
+"""
+
+import os
+import stat
+
+import pytest
+
+from loopscale.cli import main
+
+BAD_FILES = {
+    # A syntax error: the file and line, not a 52-line traceback.
+    "syntax.py": "def get_config(arg=None):\n    x = (\n",
+    # get_config raising: its own message is the point (it checks its ARG, say).
+    "raises.py": "def get_config(arg=None):\n    raise ValueError('width must be even')\n",
+    # No get_config at all: once reported as an unknown field.
+    "no_get_config.py": "WIDTH = 64\n",
+    # An import that fails while the file loads.
+    "bad_import.py": "import no_such_module_loopscale\n\ndef get_config(arg=None):\n    pass\n",
+    # get_config returning something that is no ConfigDict.
+    "returns_dict.py": "def get_config(arg=None):\n    return {'model': {}}\n",
+}
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    for name, text in BAD_FILES.items():
+        (root / name).write_text(text)
+    (root / "a_file").write_text("a regular file, not a directory\n")
+    readonly = root / "readonly"
+    readonly.mkdir()
+    readonly.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    return root
+
+
+def _workdir_rows():
+    rows = [
+        (["train", "--config=experiments/base.py:tiny", "--workdir={bad}/a_file/run"],
+         "cannot write there (Not a directory)"),
+        # /proc takes no new directories, even from root.
+        (["train", "--config=experiments/base.py:tiny", "--workdir=/proc/loopscale-run"],
+         "workdir /proc/loopscale-run: cannot write there"),
+    ]
+    if os.geteuid() != 0:  # root writes into a read-only directory regardless
+        rows.append((["train", "--config=experiments/base.py:tiny",
+                      "--workdir={bad}/readonly/run"], "cannot write there (Permission denied)"))
+    return rows
+
+
+CATALOGUE = [
+    # Config files that cannot be read, for each command that reads one.
+    *[([command, "--config={bad}/syntax.py", *extra], "syntax.py: line 2: '(' was never closed")
+      for command, extra in [("train", ["--workdir={tmp}/run"]), ("flops", []),
+                             ("compile", ["--topology=v5p-8"])]],
+    (["plan", "--sweep={bad}/syntax.py", "--out={tmp}/plan.csv"],
+     "syntax.py: line 2: '(' was never closed"),
+    (["flops", "--config={bad}/syntax.py:tiny"], "syntax.py: line 2"),
+    (["flops", "--config={bad}/raises.py"], "raises.py: get_config raised ValueError: width must "
+                                            "be even"),
+    (["train", "--config={bad}/raises.py:x", "--workdir={tmp}/run"],
+     "get_config raised ValueError: width must be even"),
+    (["flops", "--config={bad}/no_get_config.py"], "no_get_config.py has no get_config(arg)"),
+    (["plan", "--sweep={bad}/no_get_config.py", "--out={tmp}/plan.csv"],
+     "no_get_config.py has no get_config(arg)"),
+    (["flops", "--config={bad}/bad_import.py"],
+     "bad_import.py: loading it raised ModuleNotFoundError: No module named "
+     "'no_such_module_loopscale'"),
+    (["flops", "--config={bad}/returns_dict.py"], "returns_dict.py: get_config() returned dict"),
+    (["flops", "--config={bad}/missing.py"], "no such file"),
+    (["flops", "--config=experiments/base.py:tiny", "--config.model.nope=1"],
+     "unknown config field in config.model.nope"),
+    # Workdirs that cannot hold a run: refused before any work.
+    *_workdir_rows(),
+]
+
+
+@pytest.mark.parametrize("args,phrase", CATALOGUE,
+                         ids=[f"{a[0]}-{i}" for i, (a, _) in enumerate(CATALOGUE)])
+def test_bad_input_exits_2_with_one_line(bad, tmp_path, capsys, args, phrase):
+    argv = [a.format(bad=bad, tmp=tmp_path) for a in args]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"loopscale {args[0]}: error: ") and phrase in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()  # nothing was started
