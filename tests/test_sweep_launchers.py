@@ -1,6 +1,9 @@
 """Cluster launch scripts: they parse (`bash -n`), carry exactly the planned per-run commands
-with a gs:// workdir, set up jax.distributed per host or node, and --dry-run writes nothing."""
+with a gs:// workdir, set up jax.distributed per host or node, and --dry-run writes nothing.
+The packed tpu-pod script is run with stand-in `gcloud` and `loopscale` commands: every run
+launched once, on its own chips, and nothing again once all are done."""
 
+import collections
 import os
 import re
 import shlex
@@ -11,7 +14,9 @@ import pytest
 
 from loopscale.sweep import load_sweep
 from loopscale.sweep.launchers import ClusterOptions, script, train_args
+from loopscale.sweep.packing import Need, parse_slice
 from loopscale.sweep.plan import plan
+from loopscale.sweep.sizing import Sized
 
 WORKDIR = "gs://bucket/isoflop cpu"  # a space, to check the quoting
 
@@ -28,20 +33,185 @@ def bash_n(text, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def run_args_cases(text):
+    """{run_id: its `loopscale train` arguments} from the script's run_args function."""
+    cases = re.findall(r"^    (\w+)\) ARGS=\((.*)\) ;;$", text, re.M)
+    return {run_id: shlex.split(args) for run_id, args in cases}
+
+
 def test_tpu_pod_script(runs, tmp_path):
+    """No sizes: every run on the whole slice, in plan order, as `loopscale train
+    --distributed` on every host."""
     name, text = script("tpu-pod", "isoflop_cpu", runs, WORKDIR,
                         ClusterOptions(tpu_name="v4-32", zone="us-central2-b"))
     assert name == "tpu-pod.sh"
     bash_n(text, tmp_path)
-    lines = [shlex.split(line) for line in text.splitlines() if line.startswith("run ")]
-    assert len(lines) == len(runs)
-    for words, run in zip(lines, runs):
-        assert words[1] == run.run_id
-        assert words[2:] == train_args(run, WORKDIR)
-        assert words[-1] == f"--workdir={WORKDIR}/runs/{run.run_id}"
-    # Every host of the slice, and jax.distributed from the TPU metadata.
-    assert "--worker=all" in text and "train --distributed" in text
+    cases = run_args_cases(text)
+    assert list(cases) == [run.run_id for run in runs]
+    for run in runs:
+        assert cases[run.run_id] == train_args(run, WORKDIR)
+        assert cases[run.run_id][-1] == f"--workdir={WORKDIR}/runs/{run.run_id}"
+    phases = [line for line in text.splitlines() if line.startswith(("whole_slice ", "slot "))]
+    assert phases == ["whole_slice " + " ".join(run.run_id for run in runs)]
+    assert 'ssh_run "$id" all "" --distributed' in text and "--worker=\"$worker\"" in text
     assert 'TPU_NAME="${TPU_NAME:-v4-32}"' in text
+
+
+CHIPS = (1, 2, 1, 4, 8, 1, 2)  # cycled over the runs; 8 is more than a v5p host's 4
+
+
+def sized_runs(runs, topology="v5p-16"):  # 2 hosts of 4 chips
+    """The runs with made-up chip counts and times (no compile): run i trains 10 * i s."""
+    needs = tuple(Need(r.run_id, CHIPS[i % len(CHIPS)], 10.0 * i, 1.0 * i)
+                  for i, r in enumerate(runs))
+    # The launcher reads the slice and the needs only (plan=None: no plan table is written).
+    return Sized(None, parse_slice(topology), needs, shapes=len(needs))
+
+
+STANDIN_GCLOUD = r"""#!/usr/bin/env bash
+# Records its arguments; `compute tpus tpu-vm ssh NAME ... --worker=W --command=CMD` runs CMD
+# here as host W would (W exported as STANDIN_WORKER for the stand-in loopscale).
+line=$(printf '%s\t' "$@"); echo "$line" >> "$RECORD/gcloud"
+worker="" command=""
+for a in "$@"; do
+  case "$a" in --worker=*) worker="${a#--worker=}" ;; --command=*) command="${a#--command=}" ;; esac
+done
+[ "$1 $2 $3 $4" = "compute tpus tpu-vm ssh" ] || exit 9
+STANDIN_WORKER="$worker" exec bash -c "$command"
+"""
+
+# Records host, libtpu's variables and arguments; holds a lock on each of its chips while it
+# "trains" (a chip already locked by another run of the same host is a CONFLICT); then writes
+# the summary `loopscale train` would.
+STANDIN_LOOPSCALE = r"""#!/usr/bin/env bash
+line=$(printf '%s\t' "$STANDIN_WORKER" "${TPU_VISIBLE_CHIPS:-}" \
+  "${TPU_CHIPS_PER_PROCESS_BOUNDS:-}" "${TPU_PROCESS_BOUNDS:-}" "${TPU_PROCESS_PORT:-}" \
+  "${TPU_PROCESS_ADDRESSES:-}" "${CLOUD_TPU_TASK_ID:-}" "${ALLOW_MULTIPLE_LIBTPU_LOAD:-}" "$@")
+echo "$line" >> "$RECORD/calls"
+held=()
+for chip in ${TPU_VISIBLE_CHIPS//,/ }; do
+  if mkdir "$RECORD/locks/$STANDIN_WORKER-$chip" 2>/dev/null; then held+=("$chip")
+  else echo "CONFLICT $STANDIN_WORKER $chip" >> "$RECORD/conflicts"; fi
+done
+sleep 0.05
+for chip in "${held[@]}"; do rmdir "$RECORD/locks/$STANDIN_WORKER-$chip"; done
+for a in "$@"; do
+  case "$a" in --workdir=*) dir="${a#--workdir=}" ;; esac
+done
+mkdir -p "$dir"
+printf '{\n  "status": "completed"\n}\n' > "$dir/summary.json"
+"""
+
+
+def calls(record):
+    """The stand-in loopscale's invocations: (host, env..., args) per line."""
+    path = record / "calls"
+    if not path.exists():
+        return []
+    return [line.rstrip("\t").split("\t") for line in path.read_text().splitlines()]
+
+
+def test_packed_script_runs_every_run_once_on_its_own_chips(tmp_path):
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs
+    sized = sized_runs(runs)
+    workdir = tmp_path / "sweep"
+    bin_dir, record = tmp_path / "bin", tmp_path / "record"
+    bin_dir.mkdir()
+    (record / "locks").mkdir(parents=True)
+    (bin_dir / "gcloud").write_text(STANDIN_GCLOUD)
+    (bin_dir / "loopscale").write_text(STANDIN_LOOPSCALE)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    _, text = script("tpu-pod", "isoflop_cpu", runs, str(workdir),
+                     ClusterOptions(repo=str(tmp_path), loopscale=str(bin_dir / "loopscale"),
+                                    tpu_name="slice-a"), sized)
+    path = tmp_path / "tpu-pod.sh"
+    path.write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record),
+           "LOGS": str(tmp_path / "logs")}
+
+    def launch(**extra):
+        r = subprocess.run(["bash", str(path)], env={**env, **extra}, capture_output=True,
+                           text=True, cwd=tmp_path)
+        return r, calls(record)
+
+    r, first = launch()
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert not (record / "conflicts").exists(), (record / "conflicts").read_text()
+    # Every run exactly once, with its own arguments.
+    launched = collections.Counter(c[-1] for c in first)
+    assert launched == collections.Counter(f"--workdir={workdir}/runs/{r.run_id}" for r in runs)
+    need = {n.run_id: n for n in sized.needs}
+    slots = collections.defaultdict(set)
+    for host, chips, bounds, pbounds, port, addresses, task, allow, command, *args in first:
+        run = next(r for r in runs if args[-1].endswith(r.run_id))
+        assert command == "train"
+        assert args in (train_args(run, str(workdir)),
+                        ["--distributed", *train_args(run, str(workdir))])
+        n = need[run.run_id].chips
+        if n > 4:  # more than a host: every host, jax.distributed, no chip selection
+            assert (host, chips, args[0]) == ("all", "", "--distributed")
+            continue
+        # Packed: one process of its own on n chips of one host, its own port.
+        assert host in ("0", "1") and args[0] != "--distributed"
+        ids = [int(c) for c in chips.split(",")]
+        assert len(ids) == n and ids == list(range(ids[0], ids[0] + n)) and ids[0] % n == 0
+        assert bounds == {1: "1,1,1", 2: "1,2,1", 4: "2,2,1"}[n]
+        assert (pbounds, task, allow) == ("1,1,1", "0", "1")
+        assert addresses == f"localhost:{port}"
+        slots[host, n].add((chips, port))
+    for (_, n), used in slots.items():
+        # The blocks of one host for one chip count are disjoint, and so are their ports.
+        chip_sets = [set(c.split(",")) for c, _ in used]
+        assert len(set().union(*chip_sets)) == n * len(chip_sets)
+        assert len({p for _, p in used}) == len(used)
+    gcloud = [line.split("\t") for line in (record / "gcloud").read_text().splitlines()]
+    assert all(g[4] == "slice-a" and "--zone=us-central2-b" in g for g in gcloud)
+
+    # Everything done: running it again launches nothing (one ssh session checks the hosts).
+    sessions = (record / "gcloud").read_text()
+    r, again = launch()
+    assert r.returncode == 0, r.stderr
+    assert again == first
+    new = (record / "gcloud").read_text()[len(sessions):].splitlines()
+    assert len(new) == 1 and "--worker=all\t--command=true" in new[0]
+
+    # One run interrupted (its summary says running): only that one is launched, and resumes.
+    victim = runs[3]
+    (workdir / "runs" / victim.run_id / "summary.json").write_text('{"status": "running"}\n')
+    r, third = launch()
+    assert r.returncode == 0, r.stderr
+    assert [c[-1] for c in third[len(first):]] == [f"--workdir={workdir}/runs/{victim.run_id}"]
+
+
+def test_a_failed_run_fails_the_script_and_is_retried(tmp_path):
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs[:3]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text(STANDIN_GCLOUD)
+    # Exits 1 (a crash) for the second run without writing a summary.
+    (bin_dir / "loopscale").write_text(
+        '#!/usr/bin/env bash\necho "$*" >> "$RECORD/calls"\n'
+        f'case "$*" in *{runs[1].run_id}*) exit 1 ;; esac\n'
+        'for a in "$@"; do case "$a" in --workdir=*) d="${a#--workdir=}" ;; esac; done\n'
+        'mkdir -p "$d"; echo \'{"status": "completed"}\' > "$d/summary.json"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    needs = tuple(Need(r.run_id, 1, 1.0, 1.0) for r in runs)
+    sized = Sized(None, parse_slice("v5p-8"), needs, 1)  # one host of 4 chips
+    _, text = script("tpu-pod", "x", runs, str(tmp_path / "sweep"),
+                     ClusterOptions(repo=str(tmp_path), loopscale=str(bin_dir / "loopscale")),
+                     sized)
+    (tmp_path / "s.sh").write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path),
+           "LOGS": str(tmp_path / "logs")}
+    for _ in (1, 2):  # the failed run again: still failing
+        r = subprocess.run(["bash", str(tmp_path / "s.sh")], env=env, capture_output=True,
+                           text=True)
+        assert r.returncode == 1 and "1 run(s) failed" in r.stderr
+        assert f"run {runs[1].run_id} failed (exit 1" in r.stderr
+    lines = (tmp_path / "calls").read_text().splitlines()
+    assert len(lines) == 3 + 1  # the failed run again, the finished ones not
 
 
 def test_slurm_script(runs, tmp_path):
@@ -109,3 +279,7 @@ def test_sweep_command_writes_or_prints_scripts(tmp_path):
     assert len(list((workdir / "runs").iterdir())) == len(planned)  # run.json each, for collect
     local = subprocess.run([*base, "--workdir=gs://b/x"], capture_output=True, text=True)
     assert local.returncode == 2 and "--launcher" in local.stderr
+    packed = subprocess.run([*base, f"--workdir={workdir}", "--topology=v5p-8"],
+                            capture_output=True, text=True)
+    assert packed.returncode == 2 and "--topology packs the runs of --launcher=tpu-pod" in \
+        packed.stderr

@@ -147,6 +147,7 @@ def test_plan_command_writes_the_table(tmp_path):
         rows = list(csv.DictReader(f))
     assert list(rows[0])[:3] == ["run_id", "family", "budget"]
     assert set(PLAN_COLUMNS) <= set(rows[0])
+    assert {row["chips"] for row in rows} == {""}  # no --topology: nothing compiled
     assert {row["family"] for row in rows} == {"base", "looped_moe"}
     sweep = load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base,looped_moe"])
     assert len(rows) == len(plan(sweep).runs) and f"{len(rows)} runs" in r.stdout
@@ -168,3 +169,120 @@ def test_config_overrides_reach_every_run_but_not_planned_fields():
     assert not {r.run_id for r in result.runs} & {r.run_id for r in plan(sweep).runs}
     with pytest.raises(UsageError, match="--config.a.b=value"):
         parse_config_overrides(["--config.data.val_fraction"])
+
+
+# --- Packing runs onto a TPU slice (packing.py, sizing.py, `plan --topology`). ---
+
+
+def test_slices_and_their_hosts():
+    from loopscale.sweep.packing import parse_slice, slots
+
+    for name, chips, hosts, per_host in [("v5p-128", 64, 16, 4), ("v5p-8", 4, 1, 4),
+                                         ("v5p-2", 1, 1, 1), ("v5litepod-8", 8, 1, 8),
+                                         ("v6e-256", 256, 64, 4)]:
+        slc = parse_slice(name)
+        assert (slc.chips, slc.hosts, slc.chips_per_host) == (chips, hosts, per_host), name
+    slc = parse_slice("v5p-128")
+    assert slc.topology_name(1) == "v5p-2" and slc.topology_name(4) == "v5p-8"
+    pairs = slots(slc, 2)
+    assert len(pairs) == 32
+    assert [(b.worker, b.chips, b.port, b.bounds) for b in pairs[:3]] == [
+        (0, (0, 1), 8476, "1,2,1"), (0, (2, 3), 8477, "1,2,1"), (1, (0, 1), 8476, "1,2,1")]
+    assert [b.chips for b in slots(slc, 4)[:2]] == [(0, 1, 2, 3), (0, 1, 2, 3)]
+    assert {b.worker for b in slots(slc, 4)} == set(range(16))
+
+
+def _needs():
+    """On v5p-16 (2 hosts of 4 chips): nine 1-chip runs, six 2-chip runs, one 8-chip run;
+    on the whole slice each would take its chip-seconds / 8."""
+    from loopscale.sweep.packing import Need
+
+    one = [30, 90, 10, 70, 50, 80, 20, 60, 40]
+    two = [40, 100, 40, 30, 40, 40]
+    return ([Need(f"a{i}", 1, s, s / 8) for i, s in enumerate(one)]
+            + [Need(f"b{i}", 2, s, s * 2 / 8) for i, s in enumerate(two)]
+            + [Need("c0", 8, 50.0, 50.0)])
+
+
+def test_phases_pack_by_chip_count_longest_first():
+    from loopscale.sweep.packing import parse_slice, phases
+
+    got = phases(parse_slice("v5p-16"), _needs())
+    assert [p.size for p in got] == [1, 2, None]
+    assert got[0].run_ids == ("a1", "a5", "a3", "a7", "a4", "a8", "a0", "a6", "a2")
+    assert got[1].run_ids == ("b1", "b0", "b2", "b4", "b5", "b3")  # ties keep plan order
+    assert got[2].run_ids == ("c0",)
+
+
+def test_wall_time_arithmetic():
+    from loopscale.sweep.packing import Need, packed_wall_time, parse_slice, serial_wall_time
+
+    slc, needs = parse_slice("v5p-16"), _needs()
+    # No start-up. 1 chip: 8 slots take 90..20 at once, 10 s follows the 20 s: 90 s.
+    # 2 chips: 4 slots take 100, 40, 40, 40; 40 and 30 follow at 40 s: 100 s. Then 50 s.
+    assert packed_wall_time(slc, needs, 0).seconds == 90 + 100 + 50
+    # 5 s start-up a run: 95 (the 10 s run starts at 25 and ends at 40); 105 (the last two
+    # start at 45 and end at 90 and 80); 55.
+    assert packed_wall_time(slc, needs, 5).seconds == 95 + 105 + 55
+    # One at a time: the chip-seconds over 8 chips, plus 16 start-ups.
+    assert serial_wall_time(slc, needs, 0).seconds == pytest.approx((450 + 2 * 290 + 400) / 8)
+    assert serial_wall_time(slc, needs, 5).seconds == pytest.approx(178.75 + 16 * 5)
+    # A batch that cannot split over all 8 chips: no one-at-a-time estimate, packing unaffected.
+    odd = needs + [Need("d0", 1, 10.0, None)]
+    assert serial_wall_time(slc, odd, 5).seconds is None
+    assert "1 run(s) cannot split their batch over all 8 chips" in serial_wall_time(
+        slc, odd, 5).problem
+    assert packed_wall_time(slc, odd, 0).seconds == 90 + 100 + 50
+    # A run that fits nowhere: neither schedule can finish the sweep.
+    nowhere = needs + [Need("e0", None, None, None)]
+    assert packed_wall_time(slc, nowhere, 0).seconds is None
+    assert "cannot fit on" in serial_wall_time(slc, nowhere, 0).problem
+
+
+def test_runs_differing_in_schedule_share_a_compiled_shape():
+    from loopscale.sweep.sizing import shape_key
+
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base",
+                                                     "--sweep.seeds=(0,1)"])).runs
+    keys = {}
+    for run in runs:  # the same width at several budgets and seeds: other steps, seed
+        keys.setdefault(run.config.model.d_model, set()).add(shape_key(run.config))
+    assert all(len(k) == 1 for k in keys.values())
+    assert len(set.union(*keys.values())) == len(keys)
+
+
+def test_plan_with_a_topology_compiles_each_shape_once(tmp_path):
+    """Two seeds of one width on v5p-8: one compiled shape, chips and step time per run, and
+    the wall-time estimates (each run's steps take milliseconds, so start-ups dominate)."""
+    out = tmp_path / "plan.csv"
+    r = subprocess.run([sys.executable, "-m", "loopscale.cli", "plan",
+                        "--sweep=sweeps/isoflop_cpu.py", "--sweep.select=base",
+                        "--sweep.budgets=(1e10,)", "--sweep.shape.sizes=1", "--sweep.seeds=(0,1)",
+                        "--topology=v5p-8", f"--out={out}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "shape 1/1 (base d_model=" in r.stderr and "2 run(s)): 1 chip(s)" in r.stderr
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(PLAN_COLUMNS) and len(rows) == 2
+    for row in rows:
+        assert row["chips"] == "1"
+        step = float(row["est_step_time_s"])
+        assert 0 < step < 0.1
+        assert float(row["est_device_hours"]) == pytest.approx(int(row["steps"]) * step / 3600)
+    assert ("estimated wall time on v5p-8 (4 chips, 1 host(s) of 4; 2 on 1 chip(s)): "
+            "packed 2 min, one run at a time on all chips 4 min") in r.stdout
+
+
+def test_unusable_xla_step_times_fall_back_to_the_analytic_estimate():
+    from loopscale.sweep.packing import parse_slice
+    from loopscale.sweep.sizing import ShapeFit, _step_times
+
+    run = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs[0]
+    slc = parse_slice("v5p-16")
+    assert _step_times(run, ShapeFit(2, 0.5, 0.2), slc) == (0.5, 0.2)
+    assert _step_times(run, ShapeFit(2, 0.5, None, slice_splits=False), slc) == (0.5, None)
+    assert _step_times(run, ShapeFit(None, None, None, False, "too big"), slc) == (None, None)
+    # A negative or missing XLA time: the plan's device time, spread over 2 or 8 chips.
+    per_step = run.row["est_device_hours"] * 3600 / run.config.train.steps
+    for bad in (ShapeFit(2, -62.9, 0.2), ShapeFit(2, 0.5, None), ShapeFit(2, None, None)):
+        assert _step_times(run, bad, slc) == pytest.approx((per_step / 2, per_step / 8))

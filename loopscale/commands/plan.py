@@ -6,13 +6,26 @@ counts, flops_per_token (the config's flop_convention), tokens, steps, batch_siz
 flops (what the run will spend, within the sweep's tolerance of its budget), est_device_hours
 (tokens x the compiled step's FLOPs per token / (--peak-flops x --mfu)), and the experiment
 file and overrides that `loopscale train` gets. Prints a summary per budget and family; what
-the planner left out or warns about goes to stderr. A budget no shape can meet exits 2."""
+the planner left out or warns about goes to stderr. A budget no shape can meet exits 2.
+
+--topology=SLICE (e.g. v5p-128) compiles the train step of each distinct shape for the slice
+(loopscale/sweep/sizing.py; progress on stderr): `chips` is the fewest power-of-two chips a
+run fits on, `est_step_time_s` XLA's estimated step time there, est_device_hours chips x steps
+x that time, and two more lines give the sweep's estimated wall time on the slice, packed as
+`loopscale sweep --launcher=tpu-pod --topology=SLICE` launches it and one run at a time on all
+chips, each run counting --startup-s of start-up (packing.py). Without it the two columns stay
+empty."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections import defaultdict
+
+# A run's fixed cost before its first step, assumed (not measured): starting the process,
+# compiling the train and eval steps, restoring; the issue that motivated packing put it at
+# "minutes" on a TPU host.
+STARTUP_S = 120.0
 
 
 def add_sweep_arg(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +36,13 @@ def add_sweep_arg(parser: argparse.ArgumentParser) -> None:
                         help="device peak FLOP/s for est_device_hours (default: the sweep's)")
     parser.add_argument("--mfu", type=float, default=None,
                         help="assumed model FLOPs utilisation, 0-1 (default: the sweep's)")
+    parser.add_argument("--topology", default="",
+                        help="TPU slice, e.g. v5p-128: compile each distinct shape for it to "
+                        "find the chips each run needs and its step time (slow: minutes for "
+                        "paper-size shapes)")
+    parser.add_argument("--startup-s", type=float, default=STARTUP_S, metavar="SECONDS",
+                        help="with --topology: a run's start-up (process, compile, restore) "
+                        f"in the wall-time estimates (default {STARTUP_S:g}, assumed)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +62,58 @@ def make_plan(args: argparse.Namespace):
     for note in result.notes:
         sys.stderr.write(f"loopscale {args.command}: note: {note}\n")
     return result
+
+
+def size(args: argparse.Namespace, result):
+    """With --topology: the plan with each run's chips and compiled step time (sizing.py);
+    otherwise None."""
+    if not args.topology:
+        return None
+    from loopscale.aot import topology
+    from loopscale.errors import UsageError
+    from loopscale.sweep import packing, sizing
+
+    if args.startup_s < 0:
+        raise UsageError(f"--startup-s must be at least 0, got {args.startup_s:g}")
+    slc = packing.parse_slice(args.topology)
+    topology.quiet_libtpu()  # before JAX starts a backend
+
+    def log(line: str) -> None:
+        sys.stderr.write(f"loopscale {args.command}: {line}\n")
+
+    log(f"compiling the train step of each distinct shape for {slc.name} (tiny shapes take "
+        "seconds, paper-size ones minutes)")
+    sized = sizing.size_plan(result, slc, log)
+    for note in sized.plan.notes[len(result.notes):]:
+        sys.stderr.write(f"loopscale {args.command}: note: {note}\n")
+    return sized
+
+
+def wall_time_lines(sized, startup_s: float) -> list[str]:
+    """The sweep's estimated wall time on the slice, packed and one run at a time."""
+    from loopscale.sweep import packing
+
+    slc, needs = sized.slice, sized.needs
+
+    def hours(estimate) -> str:
+        s = estimate.seconds
+        if s is None:
+            return f"n/a ({estimate.problem})"
+        return f"{s / 3600:.3g} h" if s >= 3600 else f"{s / 60:.3g} min" if s >= 60 \
+            else f"{s:.3g} s"
+
+    sizes = packing.phases(slc, needs)
+    mix = ", ".join(f"{len(p.run_ids)} on {p.size} chip(s)" if p.size
+                    else f"{len(p.run_ids)} on the whole slice" for p in sizes)
+    return [
+        f"estimated wall time on {slc.name} ({slc.chips} chips, {slc.hosts} host(s) of "
+        f"{slc.chips_per_host}; {mix}): packed "
+        f"{hours(packing.packed_wall_time(slc, needs, startup_s))}, one run at a time on all "
+        f"chips {hours(packing.serial_wall_time(slc, needs, startup_s))}",
+        f"  (steps at XLA's estimated step time, plus {startup_s:g} s start-up a run "
+        f"(--startup-s); the steps alone: packed {hours(packing.packed_wall_time(slc, needs, 0))}"
+        f", one at a time {hours(packing.serial_wall_time(slc, needs, 0))})",
+    ]
 
 
 def summary_lines(result) -> list[str]:
@@ -78,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.sweep.plan import write_csv
 
     result = make_plan(args)
+    sized = size(args, result)
+    if sized:
+        result = sized.plan
     write_csv(result.runs, args.out)
     print("\n".join(summary_lines(result)))
+    if sized:
+        print("\n".join(wall_time_lines(sized, args.startup_s)))
     print(f"wrote {args.out}")
     return 0

@@ -7,7 +7,10 @@ over the planned FLOPs. Running the command again skips completed and diverged r
 interrupted ones from their checkpoints and retries failed ones (--max-retries in all); a lock
 keeps a second runner off DIR. Exit 0 when every run is completed or diverged, 1 otherwise.
 --launcher=tpu-pod|slurm writes DIR/launch/<launcher>.sh instead (DIR may then be gs://);
---dry-run prints the commands or the script and writes nothing."""
+--dry-run prints the commands or the script and writes nothing. With --topology=SLICE the
+tpu-pod script packs the runs onto the slice's chips, each on the fewest chips its compiled
+step fits on, many side by side on every host (loopscale/sweep/launchers.py, packing.py);
+without it every run takes the whole slice in turn."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import os
 import shlex
 import sys
 
-from loopscale.commands.plan import add_sweep_arg, make_plan
+from loopscale.commands.plan import add_sweep_arg, make_plan, size, wall_time_lines
 from loopscale.errors import UsageError
 
 
@@ -62,6 +65,9 @@ def _is_remote(path: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.topology and args.launcher != "tpu-pod":
+        raise UsageError("--topology packs the runs of --launcher=tpu-pod; the local and slurm "
+                         "launchers do not use it")
     result = make_plan(args)
     if args.launcher != "local":
         return _write_launcher(args, result)
@@ -131,7 +137,11 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
         sbatch_args=tuple(args.sbatch_arg))
     if args.nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
-    name, text = script(args.launcher, result.sweep.name, result.runs, args.workdir, options)
+    sized = size(args, result)
+    if sized:
+        result = sized.plan  # plan.csv and run.json get the chips and step times too
+    name, text = script(args.launcher, result.sweep.name, result.runs, args.workdir, options,
+                        sized)
     if args.dry_run:
         print(text, end="")
         return 0
@@ -158,6 +168,8 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
         rundir = top / "runs" / run.run_id
         rundir.mkdir(parents=True, exist_ok=True)
         (rundir / "run.json").write_text(json.dumps(run.row, indent=2) + "\n")
+    if sized:
+        print("\n".join(wall_time_lines(sized, args.startup_s)))
     how = "sbatch" if args.launcher == "slurm" else "bash"
     print(f"wrote {path} ({len(result.runs)} runs); launch it with `{how} {path}`")
     return 0

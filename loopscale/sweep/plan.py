@@ -13,6 +13,8 @@ IsoFLOP curve can have an interior minimum; a budget that no shape can meet is a
 
 Every planned run is an experiment file plus a list of `--config.a.b=v` overrides; its run_id is
 a hash of the resolved config (config_hash), so the same sweep plans the same ids anywhere.
+est_device_hours is analytic here (FLOPs over peak x MFU); for a TPU slice, sizing.py replaces
+it with the compiled step's estimate and fills the `chips` and `est_step_time_s` columns.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ PLAN_COLUMNS = (
     "run_id", "family", "budget", *SHAPE_COLUMNS, "params", "params_unique", "params_effective",
     "params_active", "params_embedding", "flop_convention", "flops_per_token", "tokens", "steps",
     "batch_size", "seq_len", "lr", "seed", "flops", "flops_over_budget", "est_device_hours",
-    "experiment", "overrides",
+    "chips", "est_step_time_s", "experiment", "overrides",
 )
 
 
@@ -250,6 +252,8 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
         "lr": t.lr, "seed": config.seed, "flops": spent,
         "flops_over_budget": spent / budget if budget else None,
         "est_device_hours": hours,
+        # Filled in from compiles for a TPU slice (sizing.py, `loopscale plan --topology`).
+        "chips": None, "est_step_time_s": None,
         "experiment": experiment,
         "overrides": " ".join(f"--config.{k}={format_value(v)}" for k, v in overrides),
     }

@@ -1,0 +1,161 @@
+"""How many chips each planned run needs on a TPU slice, and how long its steps take there,
+read from its real train step compiled for the slice's generation (loopscale/aot: libtpu's
+compiler on this machine, no TPU needed).
+
+Runs that differ only in schedule, LR, seed or data share one compiled step (shape_key), so
+each distinct shape is compiled once per call: on 1, 2, 4, ... chips with the run's own mesh
+config (-1 fills the chips), smallest first, until the step fits in HBM. A chip count over
+which the batch or a sharded parameter cannot be split does not count (the trainer would refuse
+it too). The step time on that count, and on the whole slice (where runs too big for one host
+go, and what one-run-at-a-time would use), is XLA's cost-model estimate (aot.step_cost), an
+optimistic one: it has no input pipeline, host overhead or imperfect overlap. Where it gives
+no time, or one at or below zero (the extrapolation from shallow compiles can go wrong: -63 s
+a step for looped_moe:paper at d 128 on 2 v5p chips), the runs of that shape are timed from
+the plan's analytic device hours (--peak-flops x --mfu) spread over their chips instead, and a
+note says so. A tiny shape compiles in seconds, a paper-size one in minutes (JAX's persistent
+compilation cache does not serve these compiles for abstract TPU devices: every call compiles
+again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+
+from loopscale.config import Config
+from loopscale.errors import UsageError
+from loopscale.sweep.packing import Need, Slice
+from loopscale.sweep.plan import Plan, PlannedRun, to_json
+
+# Train fields that do not change the compiled step: the schedule enters the step as a
+# multiplier argument (README, Training), and the rest is when to log, evaluate or save.
+SCHEDULE_FIELDS = frozenset({
+    "steps", "lr", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
+    "log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints",
+    "peak_flops",
+})
+
+
+def shape_key(config: Config) -> str:
+    """Equal for configs whose train steps compile to the same program."""
+    train = {k: v for k, v in to_json(config.train).items() if k not in SCHEDULE_FIELDS}
+    text = json.dumps({"model": to_json(config.model), "mesh": to_json(config.mesh),
+                       "train": train}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeFit:
+    chips: int | None  # the smallest power of two the step fits on; None: not even the slice
+    step_time_s: float | None  # XLA's estimate on `chips` chips, as it comes
+    slice_step_time_s: float | None  # XLA's estimate on the whole slice, as it comes
+    slice_splits: bool = True  # whether the batch (and parameters) split over the whole slice
+    why: str = ""  # why it fits nowhere
+
+
+def fit_shape(config: Config, slc: Slice) -> ShapeFit:
+    from loopscale.aot import compile as aot
+
+    why, n = "", 1
+    while n <= slc.chips:
+        target = aot.tpu_target(slc.topology_name(n))
+        fits, why = _fits(aot, config, target)
+        if fits:
+            break
+        n *= 2
+    else:
+        return ShapeFit(None, None, None, False, why)
+    step = aot.step_cost(config, target.devices)["est_step_time_s"]
+    if n == slc.chips:
+        return ShapeFit(n, step, step)
+    try:
+        whole = aot.step_cost(config, aot.tpu_target(slc.topology_name(slc.chips)).devices)
+    except UsageError:  # e.g. a batch of 256 over 512 chips
+        return ShapeFit(n, step, None, slice_splits=False)
+    return ShapeFit(n, step, whole["est_step_time_s"])
+
+
+def _fits(aot, config: Config, target) -> tuple[bool, str]:
+    import jax
+
+    try:
+        out = aot.report(config, target, "train", cost=False)
+    except UsageError as e:  # the batch or a parameter cannot be split over these chips
+        return False, str(e)
+    except jax.errors.JaxRuntimeError as e:
+        # libtpu's compiler refuses a program whose buffers exceed HBM outright.
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return False, str(e).strip().splitlines()[0]
+    if out["fits"]:
+        return True, ""
+    return False, (f"needs {out['memory_per_chip']['total'] / 1e9:.1f} GB per chip on "
+                   f"{out['chips']} chips")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sized:
+    plan: Plan  # rows with chips, est_step_time_s and est_device_hours from the compiles
+    slice: Slice
+    needs: tuple[Need, ...]  # in plan order
+    shapes: int  # distinct shapes compiled
+
+
+def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: None) -> Sized:
+    keys = [shape_key(run.config) for run in plan.runs]
+    fits: dict[str, ShapeFit] = {}
+    notes = list(plan.notes)
+    distinct = list(dict.fromkeys(keys))
+    for i, key in enumerate(distinct):
+        run = plan.runs[keys.index(key)]
+        what = f"{run.family} d_model={run.config.model.d_model}"
+        t0 = time.perf_counter()
+        fit = fits[key] = fit_shape(run.config, slc)
+        if fit.chips is None:
+            notes.append(f"{what} does not fit on {slc.name}: {fit.why}")
+        elif not _xla_times_usable(fit):
+            notes.append(f"{what}: XLA's step time estimate is {_seconds(fit.step_time_s)} on "
+                         f"{fit.chips} chip(s) and {_seconds(fit.slice_step_time_s)} on "
+                         f"{slc.chips}; its runs are timed analytically instead "
+                         "(--peak-flops x --mfu)")
+        log(f"shape {i + 1}/{len(distinct)} ({what}, {keys.count(key)} run(s)): "
+            + (f"{fit.chips} chip(s), XLA's step time {_seconds(fit.step_time_s)}" if fit.chips
+               else "does not fit")
+            + f" ({time.perf_counter() - t0:.0f} s to compile)")
+    runs, needs = [], []
+    for run, key in zip(plan.runs, keys):
+        fit = fits[key]
+        step, whole = _step_times(run, fit, slc)
+        row = {**run.row, "chips": fit.chips, "est_step_time_s": step}
+        steps = run.config.train.steps
+        if step is not None:
+            row["est_device_hours"] = fit.chips * steps * step / 3600
+        runs.append(dataclasses.replace(run, row=row))
+        needs.append(Need(run.run_id, fit.chips, None if step is None else steps * step,
+                          None if whole is None else steps * whole))
+    return Sized(Plan(plan.sweep, tuple(runs), tuple(notes)), slc, tuple(needs), len(distinct))
+
+
+def _seconds(t: float | None) -> str:
+    return "none" if t is None else f"{t:.3g} s"
+
+
+def _xla_times_usable(fit: ShapeFit) -> bool:
+    # None where the backend's cost model has no time; a time at or below zero where the
+    # extrapolation from shallow compiles (aot.step_cost) went wrong.
+    times = [fit.step_time_s] + ([fit.slice_step_time_s] if fit.slice_splits else [])
+    return all(t is not None and t > 0 for t in times)
+
+
+def _step_times(run: PlannedRun, fit: ShapeFit, slc: Slice) -> tuple[float | None, float | None]:
+    """Step time on the run's chips and on the whole slice (None: it cannot run there): XLA's,
+    or where XLA's is unusable, the plan's analytic device time spread over the chips."""
+    if fit.chips is None:
+        return None, None
+    if _xla_times_usable(fit):
+        return fit.step_time_s, fit.slice_step_time_s if fit.slice_splits else None
+    device_s = run.row["est_device_hours"] * 3600 / run.config.train.steps
+    return device_s / fit.chips, device_s / slc.chips if fit.slice_splits else None
