@@ -118,6 +118,19 @@ def test_divergence_stops_the_run_with_status_3(corpus, tmp_path):
     assert s["status"] == "diverged" and s["diverged_step"] < 30 and s["diverged_reason"]
 
 
+def test_a_run_too_short_for_the_patience_that_blows_up_is_diverged(corpus, tmp_path):
+    """20 steps at lr 1e4 (loss in the hundreds of thousands) once ended `completed` and was
+    fitted: the patience rule needs 20 strikes, which a 20-step run cannot collect."""
+    cfg = trainkit.config("base", *corpus, **{"train.steps": 12, "train.lr": 1e4,
+                                              "train.grad_clip": 0.0, "train.eval_every": 0,
+                                              "train.warmup_steps": 0,
+                                              "train.checkpoint_every": 0})
+    assert train(cfg, str(tmp_path / "run")) == 3
+    s = summary(tmp_path / "run")
+    assert s["status"] == "diverged" and s["diverged_reason"]
+    assert "first loss" in s["divergence_rule"] and "ln(vocabulary)" in s["divergence_rule"]
+
+
 def _env():
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"

@@ -535,6 +535,33 @@ def test_divergence_counts_consecutive_strikes_only():
         assert struck == [1, 2, 3, 4, 0], spike
 
 
+def test_divergence_over_the_ceiling_stops_at_once():
+    rule = diagnostics.DivergenceRule(ceiling=diagnostics.DivergenceRule.ceiling_for(256))
+    assert rule.ceiling == pytest.approx(10 * math.log(256))
+    assert rule.check(5.5) is None
+    assert rule.check(50.0) is None  # a spike under 55.45 nats: the patience rule's business
+    reason = rule.check(5e5)
+    assert reason and "ceiling" in reason
+
+
+def test_divergence_at_the_end_of_a_short_run():
+    """Rule (d): a run that ends with its smoothed loss more than `margin` over its first loss
+    diverged, however short; one that learns, or spiked and recovered, did not."""
+    worse = diagnostics.DivergenceRule()
+    for loss in [5.5, 9.0, 12.0, 15.0, 15.0, 15.0]:  # 5 steps: never 20 strikes
+        assert worse.check(loss) is None
+    assert "first loss 5.500" in worse.check_end()
+    learns = diagnostics.DivergenceRule()
+    for loss in [5.5, 5.0, 4.0, 3.5, 3.0]:
+        assert learns.check(loss) is None
+    assert learns.check_end() is None
+    recovered = diagnostics.DivergenceRule()
+    for loss in [5.5, 5.0, 30.0] + [3.0] * 30:
+        assert recovered.check(loss) is None
+    assert recovered.check_end() is None
+    assert diagnostics.DivergenceRule().check_end() is None  # no step at all
+
+
 def _history(plateau, residual_growth, steps=300):
     steps_ = list(range(1, steps + 1))
     rng = np.random.default_rng(0)

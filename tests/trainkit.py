@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from loopscale.config import load_config, parse
 from loopscale.data.text import kjv_documents
@@ -44,3 +45,25 @@ def metric_rows(workdir) -> list[dict]:
     """The rows of a run's metrics.jsonl."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def tensorboard_steps(workdir, tag: str) -> list[int]:
+    """The steps of `tag` as TensorBoard shows them: its events files read in name order (the
+    order TensorBoard reads them), an event with a SessionLog START at step P discarding every
+    earlier event at step P or later (TensorBoard's purge of a restarted run)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+    steps = []
+    for path in sorted((Path(workdir) / "tensorboard").glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):  # TFRecord: length, its crc, the record, its crc
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                steps = [s for s in steps if s < event.step]
+            steps += [event.step for v in event.summary.value if v.tag == tag]
+    return steps

@@ -1,39 +1,111 @@
 """Checkpoints: model, optimiser and data-iterator state saved together by one orbax
-CheckpointManager (asynchronous), so a resumed run continues bit-for-bit where it stopped."""
+CheckpointManager (asynchronous), so a resumed run continues bit-for-bit where it stopped.
+
+With them, the unigram counts of the training targets seen so far (a JSON list), so that the
+run's unigram entropy covers every step, not only those since the last resume: storing them is
+exact and costs one small file, where recomputing them would mean reading the whole run's data
+again, and metrics.jsonl keeps only logged steps.
+
+Restoring verifies by restoring: a newest checkpoint that fails (truncated, files missing, a
+write cut short by a full disk or a kill) is moved aside to `checkpoints/bad-STEP-TIME`, never
+deleted, and the previous one is used. A second failure in a row is no damaged file but
+something systematic: CheckpointError, and nothing more is moved.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
 import grain
 import jax
+import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
 
+class CheckpointError(Exception):
+    """No checkpoint could be restored (the message is one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    step: int
+    state: object
+    unigram_counts: np.ndarray | None  # None: a checkpoint written before the counts were kept
+
+
+class _NoThreadTracebacks(logging.Filter):
+    """Drops orbax's log record of an OSError raised in its save thread (a full disk): the same
+    error reaches the trainer at the next save or at close, which reports it in one line, where
+    orbax's record would print the whole traceback first."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, OSError) and "orbax" in record.pathname)
+
+
+_QUIET = _NoThreadTracebacks()
+
+
 class Checkpointer:
     def __init__(self, directory: epath.Path, keep: int):
+        logging.getLogger("absl").addFilter(_QUIET)  # once: a Filter is added only once
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max(keep, 1), create=True, enable_async_checkpointing=True
         )
-        self.manager = ocp.CheckpointManager(directory, options=options)
+        self.directory = epath.Path(directory)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state, data_iterator) -> None:
+    def save(self, step: int, state, data_iterator, unigram_counts: np.ndarray) -> None:
         self.manager.save(step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(data_iterator),
+            unigram=ocp.args.JsonSave([int(c) for c in unigram_counts]),
         ))
 
-    def restore(self, step: int, abstract_state, data_iterator):
+    def restore(self, step: int, abstract_state, data_iterator) -> tuple[object, np.ndarray | None]:
         """Restores into `abstract_state` (ShapeDtypeStructs carrying their shardings), so each
         array lands directly on its devices; the data iterator is restored in place."""
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data=grain.checkpoint.CheckpointRestore(data_iterator),
-        ))
-        return restored.state
+        items = dict(state=ocp.args.StandardRestore(abstract_state),
+                     data=grain.checkpoint.CheckpointRestore(data_iterator))
+        has_counts = (self.directory / str(step) / "unigram").exists()
+        if has_counts:
+            items["unigram"] = ocp.args.JsonRestore()
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        counts = np.asarray(restored.unigram, np.int64) if has_counts else None
+        return restored.state, counts
+
+    def restore_latest(self, abstract_state, data_iterator,
+                       warn: Callable[[str], None]) -> Restored | None:
+        """The newest checkpoint that restores (see the module docstring), or None if none does;
+        `warn` gets one line for each checkpoint moved aside, as it is moved."""
+        for attempt, step in enumerate(sorted(self.manager.all_steps(), reverse=True)):
+            try:
+                state, counts = self.restore(step, abstract_state, data_iterator)
+                return Restored(step, state, counts)
+            except Exception as e:  # orbax and tensorstore raise many types for a damaged file
+                problem = one_line(e)
+                if attempt:
+                    raise CheckpointError(
+                        f"checkpoint {step} does not restore either ({problem}); a second bad "
+                        f"checkpoint in a row is not a damaged file, so it is left in place"
+                    ) from e
+                warn(f"checkpoint {step} does not restore ({problem}); moved to "
+                     f"{self._move_aside(step).name}")
+        return None
+
+    def _move_aside(self, step: int) -> epath.Path:
+        bad = self.directory / f"bad-{step}-{time.strftime('%Y%m%dT%H%M%S')}"
+        (self.directory / str(step)).rename(bad)
+        self.manager.reload()  # forget the step it had listed
+        return bad
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -41,6 +113,12 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line of a message: its type and its message's first line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
 
 
 def abstract_like(tree, shardings):

@@ -50,19 +50,29 @@ class GradientOscillation:
 
 @dataclasses.dataclass
 class DivergenceRule:
-    """A run has diverged when its loss is NaN or infinite, or when the exponential moving
-    average of the loss (factor 0.9) stays more than `margin` nats above its best value for
-    `patience` consecutive logged steps. Divergence stops the run (status `diverged`)."""
+    """A run has diverged when (a) its loss is NaN or infinite; (b) a loss exceeds `ceiling`
+    nats, which the trainer sets to 10 x ln(vocabulary), ten times the loss of guessing
+    uniformly (a model that learns starts near ln(vocabulary) and never gets there, even on a
+    spike); (c) the exponential moving average of the loss (factor 0.9) stays more than
+    `margin` nats above its best value for `patience` consecutive steps; or (d) the run ends
+    with that average more than `margin` nats above its first loss (a run shorter than
+    `patience` that got worse than it started). (a)-(c) stop the run, (d) is checked at its end;
+    each gives status `diverged`."""
 
     margin: float = 2.0
     patience: int = 20
+    ceiling: float = math.inf
     ema: float | None = None
     best: float = math.inf
+    first: float | None = None
     strikes: int = 0
 
     def check(self, loss: float) -> str | None:
         if not math.isfinite(loss):
             return f"loss is {loss}"
+        if loss > self.ceiling:
+            return f"loss {loss:.4g} is over the ceiling of {self.ceiling:.3f} nats"
+        self.first = loss if self.first is None else self.first
         self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
         self.best = min(self.best, self.ema)
         self.strikes = self.strikes + 1 if self.ema > self.best + self.margin else 0
@@ -70,6 +80,17 @@ class DivergenceRule:
             return (f"smoothed loss {self.ema:.3f} stayed over {self.margin} nats above its best "
                     f"{self.best:.3f} for {self.patience} steps")
         return None
+
+    def check_end(self) -> str | None:
+        """Rule (d), once the last step has been checked."""
+        if self.ema is not None and self.ema > self.first + self.margin:
+            return (f"the run ended with smoothed loss {self.ema:.3f}, over {self.margin} nats "
+                    f"above its first loss {self.first:.3f}")
+        return None
+
+    @staticmethod
+    def ceiling_for(vocab_size: int) -> float:
+        return 10.0 * math.log(vocab_size)
 
 
 COLLAPSE_RULE = (

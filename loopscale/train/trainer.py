@@ -3,7 +3,8 @@
 The flow: validate the workdir -> mesh -> sharded state (fresh or restored with the data
 iterator) -> jitted step per loop count -> loop (log, evaluate, checkpoint, watch for
 divergence and SIGTERM) -> final checkpoint and summary.json. Exit status: 0 completed (or
-stopped cleanly by SIGTERM, to be resumed), 3 diverged.
+stopped cleanly by SIGTERM, to be resumed), 1 failed (a full disk, checkpoints that do not
+restore: one line on stderr, status `failed`; run again to resume), 3 diverged.
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ from loopscale.config import Config
 from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics, mesh as mesh_lib
-from loopscale.train.checkpoint import Checkpointer, abstract_like
+from loopscale.train.checkpoint import CheckpointError, Checkpointer, abstract_like, one_line
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
 from loopscale.train.rundir import RunDirectory, _jsonable
 from loopscale.train.step import TrainState, eval_step, loop_grad_norms, train_step
 
+EXIT_FAILED = 1
 EXIT_DIVERGED = 3
+
+# Failures of the machine rather than of the code: a full disk, a lost filesystem, checkpoints
+# that do not restore. They end the run with status `failed`, one line on stderr and
+# EXIT_FAILED; any other exception is a bug and keeps its traceback.
+ENVIRONMENT_ERRORS = (OSError, CheckpointError)
 
 
 class _Stop:
@@ -189,22 +196,69 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
     t = config.train
     accounting = flops_lib.report(config.model, t.seq_len, config.flop_convention,
                                   ragged_dot_dense=jax.default_backend() == "cpu")
-    # MFU counts model FLOPs (6N per use + full attention matmuls), not recomputation or waste.
-    model_flops_per_token = accounting["flops_per_token_by_convention"]["6n_attn"]
     train_ds = data_lib.make_dataset(config.data, t, config.seed, "train", pi, pc)
     eval_ds = data_lib.make_dataset(config.data, t, config.seed, "eval", pi, pc)
     if train_ds.vocab_size > config.model.vocab_size:
         raise UsageError(f"model.vocab_size={config.model.vocab_size} is smaller than the data's "
                          f"vocabulary ({train_ds.vocab_size})")
-    data_iter = train_ds.iterator()
-    run.write_config(config)  # only once the config is known to be runnable
+    summary = {"status": "running", **{k: v for k, v in accounting.items() if k.startswith("params_")},
+               "flop_convention": accounting["flop_convention"],
+               "flops_per_token_train": accounting["flops_per_token_train"],
+               "flops_per_token_computed": accounting["flops_per_token_computed"]}
+    checkpointer = None
+    try:
+        run.write_config(config)  # only once the config is known to be runnable
+        checkpointer = Checkpointer(run.checkpoint_dir, t.keep_checkpoints)
+        return _loop(s, run, workdir, started, accounting, train_ds, eval_ds, checkpointer, summary)
+    except ENVIRONMENT_ERRORS as e:
+        return _fail(run, workdir, started, checkpointer, summary, e)
+    except Exception:  # a bug: status failed, and its traceback
+        summary.update(status="failed", wall_time_s=time.time() - started)
+        run.write_summary(summary)
+        raise
 
-    checkpointer = Checkpointer(run.checkpoint_dir, t.keep_checkpoints)
-    start = checkpointer.latest_step() or 0
-    if start:
-        state = checkpointer.restore(start, abstract_state(s), data_iter)
-    else:
-        state = init_state(s)
+
+def _fail(run: RunDirectory, workdir: str, started: float, checkpointer, summary: dict,
+          error: BaseException) -> int:
+    """Ends a run that the machine failed (ENVIRONMENT_ERRORS): status `failed` with the reason
+    in summary.json if the disk still takes it, one line on stderr, EXIT_FAILED. Running the
+    same command again resumes from the last good checkpoint."""
+    reason = one_line(error)
+    summary.update(status="failed", failed_reason=reason, wall_time_s=time.time() - started)
+    for finish in (lambda: run.write_summary(summary), run.close,
+                   checkpointer.close if checkpointer else lambda: None):
+        try:
+            finish()
+        except Exception:  # the failing disk may refuse these too; the reason is on stderr
+            pass
+    if jax.process_index() == 0:
+        print(f"loopscale train: error: {workdir}: run failed: {reason}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _restore(s: _Setup, checkpointer: Checkpointer, train_ds, workdir: str):
+    """(start step, state, data iterator, unigram counts or None if unknown): the newest
+    checkpoint that restores (bad ones moved aside with a warning), or a fresh start."""
+    def warn(line: str) -> None:
+        if jax.process_index() == 0:
+            print(f"loopscale train: warning: {workdir}: {line}", file=sys.stderr)
+
+    data_iter = train_ds.iterator()
+    restored = checkpointer.restore_latest(abstract_state(s), data_iter, warn)
+    if restored:
+        return restored.step, restored.state, data_iter, restored.unigram_counts
+    # Nothing restored: a fresh iterator, since a failed restore may have set this one's state.
+    counts = np.zeros(0, np.int64)
+    return 0, init_state(s), train_ds.iterator(), counts
+
+
+def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting: dict,
+          train_ds, eval_ds, checkpointer: Checkpointer, summary: dict) -> int:
+    config, t = s.config, s.config.train
+    pi = jax.process_index()
+    # MFU counts model FLOPs (6N per use + full attention matmuls), not recomputation or waste.
+    model_flops_per_token = accounting["flops_per_token_by_convention"]["6n_attn"]
+    start, state, data_iter, counts = _restore(s, checkpointer, train_ds, workdir)
     rows = run.open_metrics(start)
 
     stop = _Stop()
@@ -225,18 +279,20 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
     flops_done = sum(train_flops_per_token(_loops_for_step(config, i)) for i in range(start)) \
         * tokens_per_step
     peak = t.peak_flops or device_peak_flops()
-    divergence = diagnostics.DivergenceRule()
+    vocab = max(config.model.vocab_size, train_ds.vocab_size)
+    divergence = diagnostics.DivergenceRule(ceiling=diagnostics.DivergenceRule.ceiling_for(vocab))
     oscillation = diagnostics.GradientOscillation()
-    unigram = diagnostics.UnigramEntropy(max(config.model.vocab_size, train_ds.vocab_size))
+    unigram = diagnostics.UnigramEntropy(vocab)
+    # Counts of the steps before `start` come from the checkpoint; a checkpoint written before
+    # they were kept leaves the entropy unknown (None) rather than wrong.
+    unigram_known = counts is not None and len(counts) in (0, vocab)
+    if unigram_known and len(counts):
+        unigram.counts[:] = counts
     for row in rows:  # replay host-side trackers over the kept history
         if "grad_norm" in row:
             oscillation.update(row["grad_norm"])
             divergence.check(row["loss"])
-    status, reason, step = "running", None, start
-    summary = {"status": "running", **{k: v for k, v in accounting.items() if k.startswith("params_")},
-               "flop_convention": accounting["flop_convention"],
-               "flops_per_token_train": accounting["flops_per_token_train"],
-               "flops_per_token_computed": accounting["flops_per_token_computed"]}
+    status, reason, done = "running", None, start
     run.write_summary(summary)
 
     progress = None
@@ -289,15 +345,12 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
                 rows.append({"step": done, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)})
                 run.log(rows[-1])
             if t.checkpoint_every and done % t.checkpoint_every == 0 and done != t.steps:
-                checkpointer.save(done, state, data_iter)
+                checkpointer.save(done, state, data_iter, unigram.counts)
             if stop.requested:
                 break
         else:
-            status = "completed"
-    except Exception:
-        summary.update(status="failed", wall_time_s=time.time() - started)
-        run.write_summary(summary)
-        raise
+            reason = divergence.check_end()  # a run too short for the patience rule
+            status = "diverged" if reason else "completed"
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if progress:
@@ -305,18 +358,21 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
 
     final = {}
     if status == "completed" or stop.requested:
-        if checkpointer.latest_step() != step + 1:
-            checkpointer.save(step + 1, state, data_iter)
+        if checkpointer.latest_step() != done:
+            checkpointer.save(done, state, data_iter, unigram.counts)
     if status == "completed":
-        final = evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)
-        rows.append({"step": t.steps, **final})
-        run.log(rows[-1])
+        # A finished run re-run (its summary.json lost) already holds its final evaluation.
+        final = next((r for r in rows if r["step"] == t.steps and "eval_loss" in r), None)
+        if final is None:
+            final = {"step": t.steps, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)}
+            rows.append(final)
+            run.log(final)
     checkpointer.close()
     run.close()
 
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     train_rows = [r for r in rows if "loss" in r]
-    entropy = unigram.value()
+    entropy = unigram.value() if unigram_known else None
     summary.update(
         status=status,
         final_train_loss=train_rows[-1]["loss"] if train_rows else None,
@@ -329,13 +385,14 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
         wall_time_s=time.time() - started,
         compile_time_s=compile_time,
         unigram_entropy=entropy,
-        collapsed=diagnostics.collapsed([r["step"] for r in train_rows], [r["loss"] for r in train_rows],
-                                        [r["residual_norm"][-1] for r in train_rows], entropy),
+        collapsed=None if entropy is None else diagnostics.collapsed(
+            [r["step"] for r in train_rows], [r["loss"] for r in train_rows],
+            [r["residual_norm"][-1] for r in train_rows], entropy),
         collapse_rule=diagnostics.COLLAPSE_RULE,
         divergence_rule=" ".join(diagnostics.DivergenceRule.__doc__.split()),
     )
     if status == "diverged":
-        summary.update(diverged_step=step + 1, diverged_reason=reason)
+        summary.update(diverged_step=done, diverged_reason=reason)
     run.write_summary(summary)
     if pi == 0:
         losses = ", ".join(f"{k} {summary[k]:.4f}" for k in ("final_train_loss", "final_eval_loss")
