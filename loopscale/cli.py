@@ -2,12 +2,16 @@
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets `run`.
 Bad input raises UsageError anywhere below; here it becomes one line on stderr and exit 2.
+`--verbose` (any subcommand) adds the traceback: of a UsageError here, and of the errors that
+commands report in one line themselves (they log them at DEBUG on the `loopscale` logger).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from loopscale.commands import (
@@ -41,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for command in COMMANDS:
         command.register(sub)
+    for command_parser in sub.choices.values():
+        command_parser.add_argument("--verbose", action="store_true",
+                                    help="print the traceback of an error, not only its line")
     return parser
 
 
@@ -57,9 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = overrides
+    if args.verbose:
+        log = logging.getLogger("loopscale")
+        log.setLevel(logging.DEBUG)
+        log.addHandler(logging.StreamHandler(sys.stderr))
     try:
         return int(args.run(args) or 0)
     except UsageError as e:
+        if args.verbose:
+            traceback.print_exc()
         sys.stderr.write(f"loopscale {args.command}: error: {e}\n")
         return 2
 

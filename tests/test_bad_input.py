@@ -90,3 +90,10 @@ def test_bad_input_exits_2_with_one_line(bad, tmp_path, capsys, args, phrase):
     assert len(lines) == 1, captured.err
     assert lines[0].startswith(f"loopscale {args[0]}: error: ") and phrase in lines[0], lines[0]
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_verbose_adds_the_traceback_of_the_cause(bad, capsys):
+    assert main(["flops", f"--config={bad}/syntax.py", "--verbose"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "SyntaxError" in err  # what the one line summarises
+    assert err.strip().splitlines()[-1].startswith("loopscale flops: error: ")

@@ -33,9 +33,9 @@ def _run_file(path: str, module_name: str) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:  # also IndentationError
-        raise UsageError(f"{path}: line {e.lineno}: {e.msg}") from None
+        raise UsageError(f"{path}: line {e.lineno}: {e.msg}") from e
     except Exception as e:  # an import or a statement at the top of the file failed
-        raise UsageError(f"{path}: loading it raised {_first_line(e)}") from None
+        raise UsageError(f"{path}: loading it raised {_first_line(e)}") from e
     return module
 
 
@@ -46,7 +46,7 @@ def _call_get_config(path: str, module: ModuleType, arg: str | None):
     try:
         return get_config() if arg is None else get_config(arg)
     except Exception as e:  # the file's own check (a bad ARG, say): its message is the point
-        raise UsageError(f"{path}: get_config raised {_first_line(e)}") from None
+        raise UsageError(f"{path}: get_config raised {_first_line(e)}") from e
 
 
 def load_config(spec: str, overrides: Sequence[str] = (), flag: str = "config") -> ml_collections.ConfigDict:

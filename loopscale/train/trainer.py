@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import signal
 import sys
 import time
@@ -224,6 +225,7 @@ def _fail(run: RunDirectory, workdir: str, started: float, checkpointer, summary
     in summary.json if the disk still takes it, one line on stderr, EXIT_FAILED. Running the
     same command again resumes from the last good checkpoint."""
     reason = one_line(error)
+    logging.getLogger(__name__).debug("run failed", exc_info=error)  # shown by --verbose
     summary.update(status="failed", failed_reason=reason, wall_time_s=time.time() - started)
     for finish in (lambda: run.write_summary(summary), run.close,
                    checkpointer.close if checkpointer else lambda: None):
