@@ -40,6 +40,21 @@ def load_balancing_loss(probs_NxE: jax.Array, load_E: jax.Array) -> jax.Array:
     return n_experts * jnp.sum(load_E * jnp.mean(probs_NxE, axis=0))
 
 
+def top_k(logits_xE: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k` as k rounds of argmax (k is 1 or 2 here, E small): the same values and
+    indices, ties to the lower index. `lax.top_k` lowers to a custom call that libtpu's cost
+    model prices at a negative time (-1 s per call, measured), which made every MoE step's
+    estimated time negative in `loopscale compile`."""
+    values, indices = [], []
+    for _ in range(k):
+        index = jnp.argmax(logits_xE, axis=-1)
+        values.append(jnp.take_along_axis(logits_xE, index[..., None], axis=-1)[..., 0])
+        indices.append(index)
+        taken = jax.nn.one_hot(index, logits_xE.shape[-1], dtype=jnp.bool_)
+        logits_xE = jnp.where(taken, -jnp.inf, logits_xE)
+    return jnp.stack(values, axis=-1), jnp.stack(indices, axis=-1)
+
+
 def router_z_loss(logits_NxE: jax.Array) -> jax.Array:
     return jnp.mean(jnp.square(jax.nn.logsumexp(logits_NxE, axis=-1)))
 
@@ -64,7 +79,7 @@ class MoE(nn.Module):
             "btd,de->bte", x_BxTxD.astype(jnp.float32), w_router
         ) * router_mult
         probs_BxTxE = jax.nn.softmax(logits_BxTxE, axis=-1)
-        top_logits_BxTxK, experts_BxTxK = jax.lax.top_k(logits_BxTxE, k)
+        top_logits_BxTxK, experts_BxTxK = top_k(logits_BxTxE, k)
         gates_BxTxK = jax.nn.softmax(top_logits_BxTxK, axis=-1)
 
         axes_in, axes_out = ("expert", "embed", "mlp"), ("expert", "mlp", "embed")
@@ -161,15 +176,21 @@ def _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind: MLPKind,
     x_NxD = x_BxTxD.reshape(B * T, D)
     expert_A = experts_BxTxK.reshape(-1)
     token_A = jnp.repeat(jnp.arange(B * T), k)
-    order_A = jnp.argsort(expert_A, stable=True)
-    sizes_E = jnp.bincount(expert_A, length=n_experts).astype(jnp.int32)
+    # A stable sort by expert as a counting sort: assignment a goes to its expert's offset plus
+    # its rank among that expert's assignments. Linear in A * E, and no sort instruction, which
+    # libtpu's cost model prices at a negative time (measured: -1 s per sort).
+    onehot_AxE = jax.nn.one_hot(expert_A, n_experts, dtype=jnp.int32)
+    rank_A = jnp.sum((jnp.cumsum(onehot_AxE, axis=0) - 1) * onehot_AxE, axis=-1)
+    sizes_E = jnp.sum(onehot_AxE, axis=0)
+    dest_A = (jnp.cumsum(sizes_E) - sizes_E)[expert_A] + rank_A  # sorted position of a
+    order_A = jnp.zeros_like(dest_A).at[dest_A].set(jnp.arange(dest_A.shape[0]))
     xs_AxD = x_NxD[token_A[order_A]]
 
     def grouped(x, w):
         return jax.lax.ragged_dot(x, w, sizes_E)
 
     ys_AxD = _expert_ffn(kind, xs_AxD, weights, grouped)
-    y_AxD = ys_AxD[jnp.argsort(order_A)]  # undo the sort with a gather
+    y_AxD = ys_AxD[dest_A]  # undo the sort with a gather
     y_NxKxD = y_AxD.reshape(B * T, k, D)
     gates_NxK = gates_BxTxK.reshape(B * T, k).astype(y_NxKxD.dtype)
     return jnp.einsum("nkd,nk->nd", y_NxKxD, gates_NxK).reshape(B, T, D)
