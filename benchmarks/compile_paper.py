@@ -28,8 +28,7 @@ EXPERIMENTS = {
     "flt_6": ("experiments/flt.py:paper,6", []),
     "flt_12": ("experiments/flt.py:paper,12", []),
     "permutation": ("experiments/permutation.py:paper", []),
-    # XLA's cost model has no step time for the dropless MoE (ragged_dot): the same models
-    # with capacity dispatch (factor 1.25) give one.
+    # The MoE families with capacity dispatch (factor 1.25) instead of dropless.
     "moe_capacity": ("experiments/moe.py:paper", ["--config.model.moe_dispatch=capacity"]),
     "looped_moe_capacity": ("experiments/looped_moe.py:paper",
                             ["--config.model.moe_dispatch=capacity"]),
