@@ -167,10 +167,12 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
     }
     if min(f["seconds"] for f in figures.values()) < 0:
         # libtpu's cost model prices some instructions at -1 s (measured: sort and the top_k
-        # custom call, which the model therefore avoids); a negative sum is no estimate.
+        # custom call, which the model therefore avoids; a program over several slices comes
+        # out negative too); a negative sum is no estimate.
         out["est_step_time_s"] = None
         out["cost_warning"] = ("XLA's cost model gives a negative step time for this program "
-                               "(it prices sort and custom calls such as top_k at -1 s)")
+                               "(measured for sort, the top_k custom call, and programs over "
+                               "several slices)")
     return out
 
 
