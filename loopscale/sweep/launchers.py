@@ -78,12 +78,12 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
     q = shlex.quote
     if sized is None:
         plan_phases = [Phase(None, tuple(run.run_id for run in runs))]
-        hosts, how = 0, "Runs every run in turn on all hosts of one TPU slice"
+        how = "Runs every run in turn on all hosts of one TPU slice"
     else:
-        plan_phases = phases(sized.slice, sized.needs)
-        hosts = sized.slice.hosts
-        how = (f"Packs the runs onto the chips of {sized.slice.name} ({sized.slice.chips} chips, "
-               f"{hosts} host(s) of {sized.slice.chips_per_host})")
+        slc = sized.slice
+        plan_phases = phases(slc, sized.needs)
+        how = (f"Packs the runs onto the chips of {slc.name} ({slc.chips} chips, {slc.hosts} "
+               f"host(s) of {slc.chips_per_host})")
     chips = {n.run_id: n.chips for n in sized.needs} if sized else {}
     lines = [
         "#!/usr/bin/env bash",
