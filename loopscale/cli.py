@@ -64,10 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = overrides
+    # The handler lives for this command only: main() also runs in-process (tests, notebooks),
+    # where a handler left on the logger would keep writing to a stream that has gone away.
+    log, handler = logging.getLogger("loopscale"), logging.StreamHandler(sys.stderr)
     if args.verbose:
-        log = logging.getLogger("loopscale")
         log.setLevel(logging.DEBUG)
-        log.addHandler(logging.StreamHandler(sys.stderr))
+        log.addHandler(handler)
     try:
         return int(args.run(args) or 0)
     except UsageError as e:
@@ -75,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         sys.stderr.write(f"loopscale {args.command}: error: {e}\n")
         return 2
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(logging.NOTSET)
 
 
 if __name__ == "__main__":
