@@ -36,9 +36,10 @@ def _figures(config, devices):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_weak_scaling_on_eight_chips(family, v5p8, v5p1):
     """8 chips at global batch 8b need what 1 chip needs at batch b (per chip, within 1.2x),
-    under data=8 and under fsdp=8; fsdp holds 1/8 of data parallel's parameters and optimiser
-    state per chip. d_model 1024 so that an eighth of it still fills the TPU's 128-wide tiles
-    (narrower shards are padded to 128 in memory, which tiny widths would measure instead);
+    under data=8, under fsdp=8 and (MoE) under data=4 x expert=2; fsdp holds 1/8 of data
+    parallel's parameters and optimiser state per chip. d_model 1024 so that an eighth of it
+    still fills the TPU's 128-wide tiles (narrower shards are padded to 128 in memory, which
+    tiny widths would measure instead);
     2 effective layers and 8k tokens a chip so that activations, the part that must scale,
     outweigh the gradient buffers of data parallelism's all-reduce, as they do at paper size."""
     b = 8
@@ -47,13 +48,18 @@ def test_weak_scaling_on_eight_chips(family, v5p8, v5p1):
              "--config.model.head_dim=128", "--config.train.seq_len=1024",
              f"--config.model.n_unique={2 // loops}", f"--config.model.n_loops={loops}")
     one_mem, one_flops = _figures(_config(family, *sizes, f"--config.train.batch_size={b}"), v5p1)
+    meshes = {"data": (8, 1, 1), "fsdp": (1, 8, 1)}
+    if family.endswith("moe"):  # experts split over the expert axis, the batch over both
+        meshes["data+expert"] = (4, 1, 2)
     args = {}
-    for mesh in ("data", "fsdp"):
-        other = "fsdp" if mesh == "data" else "data"
+    for name, (data, fsdp, expert) in meshes.items():
         config = _config(family, *sizes, f"--config.train.batch_size={8 * b}",
-                         f"--config.mesh.{mesh}=8", f"--config.mesh.{other}=1")
+                         f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
+                         f"--config.mesh.expert={expert}")
         mem, flops = _figures(config, v5p8)
-        assert mem["temporaries"] <= 1.2 * one_mem["temporaries"], (mesh, mem, one_mem)
-        assert flops <= 1.2 * one_flops, (mesh, flops, one_flops)
-        args[mesh] = mem["arguments"]
+        assert mem["temporaries"] <= 1.2 * one_mem["temporaries"], (name, mem, one_mem)
+        assert flops <= 1.2 * one_flops, (name, flops, one_flops)
+        args[name] = mem["arguments"]
     assert args["fsdp"] == pytest.approx(args["data"] / 8, rel=0.1)
+    if "data+expert" in args:  # the experts, most of the parameters, held once per 2 chips
+        assert args["data+expert"] < 0.7 * args["data"]
