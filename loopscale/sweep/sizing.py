@@ -9,8 +9,8 @@ which the batch or a sharded parameter cannot be split does not count (the train
 it too). The step time on that count, and on the whole slice (where runs too big for one host
 go, and what one-run-at-a-time would use), is XLA's cost-model estimate (aot.step_cost), an
 optimistic one: it has no input pipeline, host overhead or imperfect overlap. Where it gives
-no time (none for the dropless MoE, whose ragged_dot libtpu's cost model times negative), or
-one at or below zero, the runs of that shape are timed from the plan's analytic device hours
+no time (libtpu's cost model comes out negative for programs with sort or top_k custom
+calls, which the model avoids, and for multi-slice programs), or one at or below zero, the runs of that shape are timed from the plan's analytic device hours
 (--peak-flops x --mfu) spread over their chips instead, and a note says so. A tiny shape
 compiles in seconds, a paper-size one in minutes, and every call compiles again (with
 JAX_COMPILATION_CACHE_DIR set, a second compile of a paper-size step took as long here).
