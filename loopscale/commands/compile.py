@@ -19,6 +19,7 @@ import json
 import sys
 
 from loopscale.commands.common import add_config_arg, load_experiment
+from loopscale.errors import UsageError
 
 EXIT_DOES_NOT_FIT = 1
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.topology:
         target = aot.tpu_target(args.topology, args.slices)
     elif args.slices != 1:
-        raise_usage("--slices needs --topology")
+        raise UsageError("--slices needs --topology")
     else:
         target = aot.local_target(config.train.peak_flops)
     out = aot.report(config, target, args.step, cost=args.cost)
@@ -57,8 +58,3 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_DOES_NOT_FIT
     return 0
 
-
-def raise_usage(message: str):
-    from loopscale.errors import UsageError
-
-    raise UsageError(message)

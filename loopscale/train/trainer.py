@@ -178,7 +178,7 @@ def evaluate(s: _Setup, params, eval_ds, n_loops: int, fn_cache: dict) -> dict:
 def train(config: Config, workdir: str, devices=None) -> int:
     """Runs (or resumes) one training run in `workdir` on `devices` (default: all)."""
     started = time.time()
-    pi, pc = jax.process_index(), jax.process_count()
+    pi = jax.process_index()
     run = RunDirectory(workdir, write=pi == 0)
     previous = _check_workdir(run, config)
     if previous and previous.get("status") in ("completed", "diverged"):
