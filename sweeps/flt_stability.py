@@ -21,29 +21,23 @@ accelerator (`--launcher=tpu-pod|slurm`).
 
 from ml_collections import ConfigDict
 
+from loopscale.sweep import base_sweep
+
 INJECTIONS = ("none", "input", "attn_first", "fla", "flt")
 
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
     size = arg or "tiny"
-    s = ConfigDict()
+    s = base_sweep()
     s.name = "flt_stability"
     s.families = {inj: {"experiment": f"experiments/flt.py:{size}",
                         "overrides": {"model": {"injection": inj}}} for inj in INJECTIONS}
     s.select = ",".join(INJECTIONS)
     s.overrides = {"train": {"loop_grad_every": 25}}
-    s.flop_convention = ""
-    s.budgets = ()
-    s.budget_tolerance = 0.05
-    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "shapes": (),
-               "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
-    s.batch_size, s.seq_len = 0, 0
-    s.seeds = (0,)
-    s.lrs = ()
     s.grid = {"model": {"n_loops": (6, 9, 12)}}
     s.steps = 300 if size == "tiny" else 2000
-    s.min_steps, s.max_steps = 0, 0
-    s.warmup_frac = -1.0  # the study's recipe: no warmup (the preset's 0)
+    # The study's recipe has no warmup: the preset's 0 is kept (base_sweep's warmup_frac).
     s.evals, s.checkpoints = 6, 6
-    s.peak_flops, s.mfu = (1.9e11, 0.25) if size == "tiny" else (459e12, 0.4)
+    if size == "tiny":
+        s.peak_flops, s.mfu = 1.9e11, 0.25
     return s

@@ -33,6 +33,8 @@ about 5 CPU-seconds, a step 40-60 ms.
 
 from ml_collections import ConfigDict
 
+from loopscale.sweep import base_sweep
+
 FAMILIES = {
     "base": "experiments/base.py:tiny",
     "looped": "experiments/looped.py:tiny",
@@ -43,7 +45,7 @@ CPU_MOE = {"model": {"moe_dispatch": "capacity", "capacity_factor": 2.0}}
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    s = ConfigDict()
+    s = base_sweep()
     s.name = "isoflop_cpu"
     s.families = {name: {"experiment": exp, "overrides": CPU_MOE if "moe" in name else {}}
                   for name, exp in FAMILIES.items()}
@@ -54,23 +56,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
     s.overrides = {"model": {"base_d_model": 32, "scan": False}, "train": {"eval_batches": 4}}
     s.flop_convention = "6n_emb"
     s.budgets = (1e10, 2e10, 4e10)
-    s.budget_tolerance = 0.05
-    s.shape = {
-        "kind": "width",
-        "widths": (2, 4, 6, 8, 12, 16, 24),
-        "head_dim": 0,
-        "n_heads": 1,
-        "shapes": (),
-        "sizes": 4,
-        "tokens_per_param": 50.0,
-        "params": "params_active",
-    }
+    s.shape.kind = "width"
+    s.shape.widths = (2, 4, 6, 8, 12, 16, 24)
+    s.shape.n_heads = 1
+    s.shape.sizes = 4
+    s.shape.tokens_per_param = 50.0
     s.batch_size, s.seq_len = 64, 64
-    s.seeds = (0,)
     s.lrs = (1.2e-2,)  # the base-width LR of sweeps/lr_transfer.py, held across widths
-    s.grid = {}
-    s.steps = 0
-    s.min_steps, s.max_steps = 20, 0
+    s.min_steps = 20
     s.warmup_frac = 0.05
     # One evaluation (the final one) and one checkpoint half-way: at this size a run's fixed
     # costs dominate its time.

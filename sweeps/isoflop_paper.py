@@ -21,6 +21,8 @@ held across widths). ARG `small` keeps the two smallest budgets (a first look).
 
 from ml_collections import ConfigDict
 
+from loopscale.sweep import base_sweep
+
 FAMILIES = {
     "base": "experiments/base.py:paper",
     "looped": "experiments/looped.py:paper",
@@ -30,32 +32,21 @@ FAMILIES = {
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    s = ConfigDict()
+    s = base_sweep()
     s.name = "isoflop_paper"
     s.families = {name: {"experiment": exp, "overrides": {}} for name, exp in FAMILIES.items()}
     s.select = ",".join(FAMILIES)
-    s.overrides = {}
     s.flop_convention = "6n_emb"
     s.budgets = (5e16, 2e17) if arg == "small" else (5e16, 2e17, 5e17, 1e18)
-    s.budget_tolerance = 0.05
-    s.shape = {
-        "kind": "width",
-        "widths": tuple(range(128, 1025, 64)),
-        "head_dim": 64,
-        "n_heads": 0,
-        "shapes": (),
-        "sizes": 7,
-        "tokens_per_param": 4.0,
-        "params": "params_active",
-    }
+    s.shape.kind = "width"
+    s.shape.widths = tuple(range(128, 1025, 64))
+    s.shape.head_dim = 64
+    s.shape.sizes = 7
+    s.shape.tokens_per_param = 4.0
     s.batch_size, s.seq_len = 256, 1024
-    s.seeds = (0,)
     s.lrs = (1e-2,)
-    s.grid = {}
-    s.steps = 0
-    s.min_steps, s.max_steps = 200, 0
+    s.min_steps = 200
     s.warmup_frac = 0.01
     s.evals, s.checkpoints = 10, 10
-    # est_device_hours: one TPU v5p chip's bf16 peak at 40% MFU (override with --peak-flops/--mfu).
-    s.peak_flops, s.mfu = 459e12, 0.4
+    # est_device_hours: base_sweep's TPU v5p chip at 40% MFU (override with --peak-flops/--mfu).
     return s

@@ -21,29 +21,29 @@ steps: 16 runs. Measured on the 1e11-FLOP IsoFLOP of that setting, lr 6e-3 / 1.2
 
 from ml_collections import ConfigDict
 
+from loopscale.sweep import base_sweep
+
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
     paper = arg == "paper"
-    s = ConfigDict()
+    s = base_sweep()
     s.name = "lr_transfer"
     s.families = {"base": {"experiment": f"experiments/base.py:{'paper' if paper else 'tiny'}",
                            "overrides": {"model": {"n_unique": 4}}}}
-    s.select = "base"
-    s.overrides = {} if paper else {"model": {"base_d_model": 32}}
     s.flop_convention = "6n_emb"
-    s.budgets = ()
-    s.budget_tolerance = 0.05
-    s.shape = {"kind": "width",
-               "widths": (128, 256, 512, 1024) if paper else (4, 8, 16, 32),
-               "head_dim": 64 if paper else 0, "n_heads": 0 if paper else 1,
-               "shapes": (), "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
-    s.batch_size, s.seq_len = (256, 1024) if paper else (64, 64)
-    s.seeds = (0,)
-    s.lrs = (3e-3, 6e-3, 1e-2, 2e-2, 4e-2) if paper else (6e-3, 1.2e-2, 2.4e-2, 4.8e-2)
-    s.grid = {}
-    s.steps = 2000 if paper else 150
-    s.min_steps, s.max_steps = 0, 0
-    s.warmup_frac = 0.02 if paper else 0.05
-    s.evals, s.checkpoints = (4, 2) if paper else (1, 1)
-    s.peak_flops, s.mfu = (459e12, 0.4) if paper else (1.9e11, 0.25)
+    s.shape.kind = "width"
+    if paper:
+        s.shape.widths, s.shape.head_dim = (128, 256, 512, 1024), 64
+        s.batch_size, s.seq_len = 256, 1024
+        s.lrs = (3e-3, 6e-3, 1e-2, 2e-2, 4e-2)
+        s.steps, s.warmup_frac = 2000, 0.02
+        s.evals, s.checkpoints = 4, 2
+    else:
+        s.overrides = {"model": {"base_d_model": 32}}
+        s.shape.widths, s.shape.n_heads = (4, 8, 16, 32), 1
+        s.batch_size, s.seq_len = 64, 64
+        s.lrs = (6e-3, 1.2e-2, 2.4e-2, 4.8e-2)
+        s.steps, s.warmup_frac = 150, 0.05
+        s.evals, s.checkpoints = 1, 1
+        s.peak_flops, s.mfu = 1.9e11, 0.25
     return s

@@ -22,31 +22,27 @@ thousands of steps (PAPERS.md), so expect chance-level answers there.
 
 from ml_collections import ConfigDict
 
+from loopscale.sweep import base_sweep
+
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
     paper = arg == "paper"
     exp = f"experiments/permutation.py:{'paper' if paper else 'tiny'}"
     deep = 32 if paper else 4
-    s = ConfigDict()
+    s = base_sweep()
     s.name = "permutation"
     s.families = {
         "looped": {"experiment": exp, "overrides": {}},  # paper: 4 x 8; tiny: 2 x 2
         "unshared": {"experiment": exp, "overrides": {"model": {"n_unique": deep, "n_loops": 1}}},
     }
-    s.select = "looped,unshared"
-    s.overrides = {}
-    s.flop_convention = ""
-    s.budgets = ()
-    s.budget_tolerance = 0.05
-    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "shapes": (),
-               "sizes": 0, "tokens_per_param": 20.0, "params": "params_unique"}
-    s.batch_size, s.seq_len = 0, 0
-    s.seeds = (0, 1, 2) if paper else (0, 1)
-    s.lrs = (1e-3, 3e-4, 1e-4) if paper else (1e-3, 3e-4)
+    s.shape.params = "params_unique"
     s.grid = {"train": {"intermediate_supervision": (False, True)}}
-    s.steps = 20000 if paper else 200
-    s.min_steps, s.max_steps = 0, 0
     s.warmup_frac = 0.01
-    s.evals, s.checkpoints = 20 if paper else 4, 20 if paper else 2
-    s.peak_flops, s.mfu = (459e12, 0.4) if paper else (1.9e11, 0.25)
+    if paper:
+        s.seeds, s.lrs = (0, 1, 2), (1e-3, 3e-4, 1e-4)
+        s.steps, s.evals, s.checkpoints = 20000, 20, 20
+    else:
+        s.seeds, s.lrs = (0, 1), (1e-3, 3e-4)
+        s.steps, s.evals, s.checkpoints = 200, 4, 2
+        s.peak_flops, s.mfu = 1.9e11, 0.25
     return s

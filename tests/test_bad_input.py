@@ -24,6 +24,11 @@ BAD_FILES = {
     "bad_import.py": "import no_such_module_loopscale\n\ndef get_config(arg=None):\n    pass\n",
     # get_config returning something that is no ConfigDict.
     "returns_dict.py": "def get_config(arg=None):\n    return {'model': {}}\n",
+    # A sweep file starting from base_sweep() with a misspelt field: refused, not ignored.
+    "sweep_typo.py": "from loopscale.sweep import base_sweep\n\ndef get_config(arg=None):\n"
+                     "    s = base_sweep()\n    s.name = 'typo'\n    s.families = {'base': "
+                     "{'experiment': 'experiments/base.py:tiny', 'overrides': {}}}\n"
+                     "    s.shape.widht = (8,)\n    return s\n",
 }
 
 
@@ -68,6 +73,8 @@ CATALOGUE = [
     (["flops", "--config={bad}/no_get_config.py"], "no_get_config.py has no get_config(arg)"),
     (["plan", "--sweep={bad}/no_get_config.py", "--out={tmp}/plan.csv"],
      "no_get_config.py has no get_config(arg)"),
+    (["plan", "--sweep={bad}/sweep_typo.py", "--out={tmp}/plan.csv"],
+     "unknown sweep field shape.widht"),
     (["flops", "--config={bad}/bad_import.py"],
      "bad_import.py: loading it raised ModuleNotFoundError: No module named "
      "'no_such_module_loopscale'"),

@@ -11,8 +11,9 @@ import pytest
 
 from loopscale.config import load_config, parse
 from loopscale.errors import UsageError
-from loopscale.sweep import load_sweep
+from loopscale.sweep import base_sweep, load_sweep, parse_sweep
 from loopscale.sweep.plan import PLAN_COLUMNS, config_hash, plan
+from loopscale.sweep.schema import ShapeKind
 
 ISOFLOP = ["sweeps/isoflop_paper.py", "sweeps/isoflop_cpu.py"]
 
@@ -169,6 +170,63 @@ def test_config_overrides_reach_every_run_but_not_planned_fields():
     assert not {r.run_id for r in result.runs} & {r.run_id for r in plan(sweep).runs}
     with pytest.raises(UsageError, match="--config.a.b=value"):
         parse_config_overrides(["--config.data.val_fraction"])
+
+
+# --- base_sweep: every default in one place; sweep files set what they choose. ---
+
+BASE_FAMILY = {"base": {"experiment": "experiments/base.py:tiny", "overrides": {}}}
+
+
+def test_base_sweep_defaults_parse_once_named_and_given_a_family():
+    with pytest.raises(UsageError, match="at least one family"):
+        parse_sweep(base_sweep())  # name and families have no default
+    s = base_sweep()
+    s.name, s.families = "defaults", BASE_FAMILY
+    sweep = parse_sweep(s)
+    assert [f.name for f in sweep.families] == ["base"] and sweep.overrides == ()
+    assert sweep.shape.kind is ShapeKind.FAMILY and sweep.shape.widths == ()
+    assert sweep.flop_convention is None and sweep.budgets == () and sweep.lrs == ()
+    assert sweep.seeds == (0,) and sweep.grid == ()
+    assert (sweep.steps, sweep.batch_size, sweep.seq_len, sweep.evals) == (0, 0, 0, 0)
+    assert sweep.warmup_frac < 0  # every run keeps its family's own settings
+    runs = plan(sweep).runs
+    assert len(runs) == 1 and runs[0].config == parse(load_config("experiments/base.py:tiny"))
+
+
+def test_a_sweep_file_setting_a_few_fields(tmp_path):
+    path = tmp_path / "few.py"
+    path.write_text(
+        "from loopscale.sweep import base_sweep\n\n"
+        "def get_config(arg=None):\n"
+        "    s = base_sweep()\n"
+        "    s.name = 'few'\n"
+        f"    s.families = {BASE_FAMILY!r}\n"
+        "    s.seeds, s.steps = (0, 1), 7\n"
+        "    return s\n")
+    runs = plan(load_sweep(str(path))).runs
+    assert [r.config.seed for r in runs] == [0, 1]
+    assert {r.config.train.steps for r in runs} == {7}
+    base = parse(load_config("experiments/base.py:tiny"))
+    assert {r.config.model for r in runs} == {base.model}  # the rest is the family's
+
+
+@pytest.mark.parametrize("typo, message", [
+    ("s.seed = (1,)", "unknown sweep field seed"),
+    ("s.shape.widht = (8,)", "unknown sweep field shape.widht"),
+    ("s.families.base.overide = {}", "unknown sweep field families.base.overide"),
+])
+def test_a_typo_in_a_sweep_file_is_refused(tmp_path, typo, message):
+    path = tmp_path / "typo.py"
+    path.write_text(
+        "from loopscale.sweep import base_sweep\n\n"
+        "def get_config(arg=None):\n"
+        "    s = base_sweep()\n"
+        "    s.name = 'typo'\n"
+        f"    s.families = {BASE_FAMILY!r}\n"
+        f"    {typo}\n"
+        "    return s\n")
+    with pytest.raises(UsageError, match=message):
+        load_sweep(str(path))
 
 
 # --- Packing runs onto a TPU slice (packing.py, sizing.py, `plan --topology`). ---

@@ -4,7 +4,8 @@ or on a cluster (launchers.py) -> one results table (collect.py) for `loopscale 
     sweep = load_sweep("sweeps/isoflop_cpu.py", ["--sweep.budgets=(3e11,)"])
     runs = plan.plan(sweep).runs
 
-schema.py says what a sweep file holds; rundirs.py what a sweep directory holds.
+schema.py says what a sweep file holds (sweep files start from its `base_sweep()`); rundirs.py
+what a sweep directory holds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from loopscale.config.loader import load_config
-from loopscale.sweep.schema import Sweep, parse_sweep
+from loopscale.sweep.schema import Sweep, base_sweep, parse_sweep
 
 
 def load_sweep(spec: str, overrides: Sequence[str] = ()) -> Sweep:
@@ -21,4 +22,4 @@ def load_sweep(spec: str, overrides: Sequence[str] = ()) -> Sweep:
                                    flag="sweep"))
 
 
-__all__ = ["Sweep", "load_sweep", "parse_sweep"]
+__all__ = ["Sweep", "base_sweep", "load_sweep", "parse_sweep"]

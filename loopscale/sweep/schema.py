@@ -1,7 +1,16 @@
 """A sweep file, validated once into frozen dataclasses (the sweep-side twin of config/schema.py).
 
-A sweep file is an ml_collections file whose `get_config(arg)` returns a ConfigDict with these
-fields (every one required, so a sweep reads completely and a typo fails at start-up):
+A sweep file is an ml_collections file whose `get_config(arg)` starts from `base_sweep()` (every
+field's default, in one place) and sets only what the sweep chooses:
+
+    s = base_sweep()
+    s.name = "widths"
+    s.families = {"base": {"experiment": "experiments/base.py:tiny", "overrides": {}}}
+    s.budgets = (1e10, 2e10)
+    s.shape.kind, s.shape.widths = "width", (32, 64, 128)
+
+`parse_sweep` requires every field below and rejects any other, at every level (a family's, the
+shape's), so a typo fails at start-up in one line:
 
     name              str    label of the sweep
     families          dict   family name -> {experiment: "experiments/X.py[:ARG]",
@@ -103,6 +112,32 @@ class Sweep:
     mfu: float
 
 
+def base_sweep() -> ml_collections.ConfigDict:
+    """Every default of every sweep field, in one place. Sweep files start from here; `name`
+    and `families` have none (the empty values fail parsing until the file sets them)."""
+    s = ml_collections.ConfigDict()
+    s.name = ""
+    s.families = {}
+    s.select = ""  # every family, alphabetically
+    s.overrides = {}
+    s.flop_convention = ""  # each family's
+    s.budgets = ()  # no IsoFLOP: every run trains `steps`
+    s.budget_tolerance = 0.05
+    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "shapes": (),
+               "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
+    s.batch_size, s.seq_len = 0, 0  # the family's
+    s.seeds = (0,)
+    s.lrs = ()  # the family's train.lr
+    s.grid = {}
+    s.steps = 0  # the family's
+    s.min_steps, s.max_steps = 0, 0  # no limits
+    s.warmup_frac = -1.0  # the family's warmup_steps
+    s.evals, s.checkpoints = 0, 0  # the family's eval_every / checkpoint_every
+    # est_device_hours: one TPU v5p chip's bf16 peak at 40% MFU (CPU sweeps set their own).
+    s.peak_flops, s.mfu = 459e12, 0.4
+    return s
+
+
 def flatten(tree: Any, where: str, prefix: str = "") -> Overrides:
     """Nested dict of config fields -> sorted ((dotted.field, value), ...)."""
     if not isinstance(tree, (dict, ml_collections.ConfigDict)):
@@ -120,6 +155,12 @@ def _get(d: Any, key: str, where: str) -> Any:
     if key not in d:
         raise UsageError(f"sweep field {where}{key} is missing")
     return d[key]
+
+
+def _only(d: Any, known: set[str], where: str) -> None:
+    unknown = sorted(set(d.keys()) - known)
+    if unknown:
+        raise UsageError(f"unknown sweep field {where}{unknown[0]}")
 
 
 def _typed(value: Any, typ: type, where: str) -> Any:
@@ -174,6 +215,9 @@ def _families(cfg: Any, select: str) -> tuple[Family, ...]:
             raise UsageError(f"sweep.select names family {name!r} twice")
         f = fams[name]
         where = f"families.{name}."
+        if not isinstance(f, (dict, ml_collections.ConfigDict)):
+            raise UsageError(f"sweep field families.{name} must be a dict: experiment, overrides")
+        _only(f, {"experiment", "overrides"}, where)
         experiment = _typed(_get(f, "experiment", where), str, where + "experiment")
         overrides = flatten(_get(f, "overrides", where), where + "overrides")
         out.append(Family(name, experiment, overrides))
@@ -183,6 +227,9 @@ def _families(cfg: Any, select: str) -> tuple[Family, ...]:
 def _shape(cfg: Any) -> ShapeRule:
     s = _get(cfg, "shape", "")
     w = "shape."
+    if not isinstance(s, (dict, ml_collections.ConfigDict)):
+        raise UsageError("sweep field shape must be a dict of the shape rule's fields")
+    _only(s, set(base_sweep().shape.keys()), w)
     kind_raw = _get(s, "kind", w)
     try:
         kind = ShapeKind(kind_raw)
@@ -226,13 +273,7 @@ def _grid(cfg: Any) -> tuple[tuple[str, tuple], ...]:
 
 def parse_sweep(cfg: ml_collections.ConfigDict) -> Sweep:
     """Validates a sweep ConfigDict (raises UsageError with a one-line message)."""
-    known = {"name", "families", "select", "overrides", "flop_convention", "budgets",
-             "budget_tolerance", "shape", "batch_size", "seq_len", "seeds", "lrs", "grid",
-             "steps", "min_steps", "max_steps", "warmup_frac", "evals", "checkpoints",
-             "peak_flops", "mfu"}
-    unknown = sorted(set(cfg.keys()) - known)
-    if unknown:
-        raise UsageError(f"unknown sweep field {unknown[0]}")
+    _only(cfg, set(base_sweep().keys()), "")  # base_sweep names every field
     g = lambda key, typ: _typed(_get(cfg, key, ""), typ, key)  # noqa: E731
     convention = g("flop_convention", str)
     if convention:
