@@ -4,6 +4,7 @@ command reproduces, every shipped sweep file plans, and bad sweeps fail in one l
 import csv
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
@@ -344,3 +345,46 @@ def test_unusable_xla_step_times_fall_back_to_the_analytic_estimate():
     per_step = run.row["est_device_hours"] * 3600 / run.config.train.steps
     for bad in (ShapeFit(2, -62.9, 0.2), ShapeFit(2, 0.5, None), ShapeFit(2, None, None)):
         assert _step_times(run, bad, slc) == pytest.approx((per_step / 2, per_step / 8))
+
+
+# --- From any directory: experiment paths and the demo's sweep are found in the checkout. ---
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_plan_from_another_directory_plans_the_same_runs(plans, tmp_path, monkeypatch):
+    from loopscale.cli import main
+    from loopscale.sweep.plan import read_csv, write_csv
+
+    write_csv(plans["sweeps/isoflop_cpu.py"].runs, str(tmp_path / "here.csv"))
+    here = read_csv(str(tmp_path / "here.csv"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", f"--sweep={REPO}/sweeps/isoflop_cpu.py", "--out=there.csv"]) == 0
+    # The same runs; the experiments, found in the checkout and not the cwd, are planned (and
+    # launched) as absolute paths.
+    assert read_csv("there.csv") == [
+        {**row, "experiment": os.path.join(REPO, row["experiment"])} for row in here]
+    # A path found relative to the cwd is taken as it is, before the checkout's.
+    (tmp_path / "experiments").mkdir()
+    shutil.copy(f"{REPO}/experiments/base.py", tmp_path / "experiments")
+    sweep = load_sweep(f"{REPO}/sweeps/isoflop_cpu.py", ["--sweep.select=base,looped"])
+    assert [f.experiment for f in sweep.families] == [
+        "experiments/base.py:tiny", os.path.join(REPO, "experiments/looped.py:tiny")]
+
+
+def test_demo_finds_its_sweep_from_any_directory(tmp_path, monkeypatch, capsys):
+    import loopscale
+    from loopscale.cli import main
+    from loopscale.commands.demo import default_sweep
+
+    monkeypatch.chdir(tmp_path)
+    assert default_sweep() == os.path.join(REPO, "sweeps", "isoflop_cpu.py")
+    r = subprocess.run([sys.executable, "-m", "loopscale.cli", "demo", "--help"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and "--sweep" in r.stdout, r.stderr
+    # Installed without the checkout (no sweeps/ beside the package): one line, exit 2.
+    monkeypatch.setattr(loopscale, "__file__", str(tmp_path / "site" / "loopscale" / "__init__.py"))
+    assert main(["demo", "--workdir=demo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --sweep=" in err[0], err
+    assert not (tmp_path / "demo").exists()

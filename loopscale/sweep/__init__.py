@@ -17,9 +17,10 @@ from loopscale.sweep.schema import Sweep, base_sweep, parse_sweep
 
 
 def load_sweep(spec: str, overrides: Sequence[str] = ()) -> Sweep:
-    """Reads `sweeps/NAME.py[:ARG]` with `--sweep.a.b=v` overrides (UsageError if bad)."""
-    return parse_sweep(load_config(spec, [o for o in overrides if o.startswith("--sweep.")],
-                                   flag="sweep"))
+    """Reads `sweeps/NAME.py[:ARG]` with `--sweep.a.b=v` overrides (UsageError if bad). Its
+    experiment paths are found from any directory (schema.locate_experiment)."""
+    cfg = load_config(spec, [o for o in overrides if o.startswith("--sweep.")], flag="sweep")
+    return parse_sweep(cfg, sweep_file=spec.partition(":")[0])
 
 
 __all__ = ["Sweep", "base_sweep", "load_sweep", "parse_sweep"]

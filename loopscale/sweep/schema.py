@@ -38,6 +38,12 @@ shape's), so a typo fails at start-up in one line:
     warmup_frac       float  warmup steps = round(frac * steps) (negative keeps the family's)
     evals, checkpoints  int  per run: eval_every / checkpoint_every = steps // n (0 keeps)
     peak_flops, mfu   float  defaults of `plan`'s --peak-flops / --mfu (est_device_hours)
+
+A family's experiment is a path as `loopscale train --config=` takes it. A relative path is
+looked up in the current directory first, then in the checkout the sweep file belongs to (the
+parent of the sweep file's directory: sweeps/X.py names experiments/Y.py), so a sweep plans and
+runs from any directory; a path found only the second way is planned, and launched, as an
+absolute path (`locate_experiment`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import ml_collections
@@ -72,7 +80,7 @@ Overrides = tuple[tuple[str, Any], ...]
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
-    experiment: str  # experiments/NAME.py[:ARG]
+    experiment: str  # experiments/NAME.py[:ARG], as located (locate_experiment)
     overrides: Overrides
 
 
@@ -199,7 +207,19 @@ def _shape_set(spec: str, where: str) -> Overrides:
     return tuple(sorted(pairs))
 
 
-def _families(cfg: Any, select: str) -> tuple[Family, ...]:
+def locate_experiment(spec: str, sweep_file: str) -> str:
+    """A family's `experiments/X.py[:ARG]` as `loopscale train` will be given it: unchanged if
+    its path is absolute or a file relative to the current directory; else, if the checkout of
+    `sweep_file` (the parent of its directory) holds it, that file's absolute path; else
+    unchanged (loading it then names the missing path)."""
+    path, colon, arg = spec.partition(":")
+    if not sweep_file or os.path.isabs(path) or os.path.isfile(path):
+        return spec
+    candidate = Path(sweep_file).resolve().parent.parent / path
+    return f"{candidate}{colon}{arg}" if candidate.is_file() else spec
+
+
+def _families(cfg: Any, select: str, sweep_file: str) -> tuple[Family, ...]:
     fams = _get(cfg, "families", "")
     if not isinstance(fams, (dict, ml_collections.ConfigDict)) or not fams:
         raise UsageError("sweep field families must name at least one family")
@@ -220,7 +240,7 @@ def _families(cfg: Any, select: str) -> tuple[Family, ...]:
         _only(f, {"experiment", "overrides"}, where)
         experiment = _typed(_get(f, "experiment", where), str, where + "experiment")
         overrides = flatten(_get(f, "overrides", where), where + "overrides")
-        out.append(Family(name, experiment, overrides))
+        out.append(Family(name, locate_experiment(experiment, sweep_file), overrides))
     return tuple(out)
 
 
@@ -271,8 +291,9 @@ def _grid(cfg: Any) -> tuple[tuple[str, tuple], ...]:
     return tuple(axes)
 
 
-def parse_sweep(cfg: ml_collections.ConfigDict) -> Sweep:
-    """Validates a sweep ConfigDict (raises UsageError with a one-line message)."""
+def parse_sweep(cfg: ml_collections.ConfigDict, sweep_file: str = "") -> Sweep:
+    """Validates a sweep ConfigDict (raises UsageError with a one-line message); `sweep_file`,
+    the file it came from, is where relative experiment paths are looked up second."""
     _only(cfg, set(base_sweep().keys()), "")  # base_sweep names every field
     g = lambda key, typ: _typed(_get(cfg, key, ""), typ, key)  # noqa: E731
     convention = g("flop_convention", str)
@@ -285,7 +306,7 @@ def parse_sweep(cfg: ml_collections.ConfigDict) -> Sweep:
                              f"{allowed}") from None
     sweep = Sweep(
         name=g("name", str),
-        families=_families(cfg, g("select", str)),
+        families=_families(cfg, g("select", str), sweep_file),
         overrides=flatten(_get(cfg, "overrides", ""), "overrides"),
         flop_convention=convention or None,
         budgets=_tuple(_get(cfg, "budgets", ""), float, "budgets"),
