@@ -7,15 +7,56 @@ ARG is `tiny` (CPU), `small` or `paper`, optionally followed by `,LOOPS`, e.g. `
 Default injection `flt` (FLA + attention injection at every layer); compare with
 `--config.model.injection=none|input|attn_first|fla`. At 12 loops on CPU the original LT
 (`none`) should stall at the byte-unigram loss with a growing residual norm while `flt` trains.
+
+The study's backbone (arXiv 2605.18797, released code): parameter-free RMSNorm, no biases,
+rotary then qk-norm, head size 128, relu^2 MLP of width 4d, untied embeddings, logits
+soft-capped at 15, zero-initialised output projections, loop 1 on norm(e); Muon on the block
+matrices with AdamW on embedding (0.2) and head (0.004), betas (0.8, 0.95), no warmup, constant
+then linear decay over the last 20%, clip 1.0. `paper` is the Base model (12 layers, d 768,
+6 heads: 317.9M params); `small` the Small one (6 layers, d 384, 3 heads: 127.1M); `tiny` the
+CPU setting of PAPERS.md's practical notes (d 128, 2 heads of 64, 2 layers per loop, byte-level
+text, sequence 128, batch 16, AdamW 3e-3, betas 0.9/0.95, clip 1, no warmup). Only what differs
+from loopscale/config/defaults.py is set below.
 """
 
 from ml_collections import ConfigDict
 
-from loopscale.config.presets import flt_study
+from loopscale.config import base_config
+
+QWEN_VOCAB = 151669  # the FLT study's tokenizer
 
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
     size, _, loops = (arg or "tiny").partition(",")
-    c = flt_study(size, injection="flt", n_loops=int(loops) if loops else 6 if size != "tiny" else 4)
+    c = base_config()
     c.name = "flt"
+    m = c.model
+    m.injection = "flt"
+    m.n_loops = int(loops) if loops else 6 if size != "tiny" else 4
+    m.embed_norm = True
+    m.qk_norm = True
+    m.mlp = "relu2"  # d_ff 0: 4d
+    m.logit_softcap = 15.0
+    m.zero_init_out = True
+    m.param = "sp"
+    c.train.warmup_steps = 0
+    if size in ("paper", "small"):
+        m.vocab_size, m.head_dim = QWEN_VOCAB, 128
+        m.d_model, m.n_heads, m.n_unique = (768, 6, 12) if size == "paper" else (384, 3, 6)
+        m.base_d_model = m.d_model
+        c.train.seq_len, c.train.batch_size = 1024, 512  # 524,288 tokens per step
+        c.train.optimizer = "muon"
+        c.train.lr, c.train.embed_lr, c.train.head_lr = 0.02, 0.2, 0.004
+        c.train.b1 = 0.8
+        c.train.schedule = "wsd"  # linear cooldown over the last 20%
+        m.dtype = "bfloat16"
+        if size == "paper" and m.n_loops > 6:
+            # Compiled for v5p-128 at batch 512 (8 rows a chip), the step keeps every layer's
+            # activations: 66.6 GB a chip at 6 loops, 111 GB at 12 (the chip has 102.8 GB).
+            # Beyond 6 loops keep only each layer's input and recompute the rest (~1/3 more
+            # compute); benchmarks/compile_paper.py measures both.
+            m.remat = "layer"
+    else:  # tiny
+        m.head_dim = 64
+        c.train.schedule = "constant"
     return c
