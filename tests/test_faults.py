@@ -10,7 +10,8 @@ import signal
 import pytest
 import trainkit
 
-from loopscale.train.trainer import EXIT_FAILED, train
+from loopscale.rundir.status import ExitCode
+from loopscale.train.trainer import train
 
 rows = trainkit.metric_rows
 STEPS = 6
@@ -113,7 +114,7 @@ def test_two_bad_checkpoints_in_a_row_fail_in_one_line_and_the_second_stays(
     for step in (STEPS, STEPS - 2):
         shutil.rmtree(workdir / "checkpoints" / str(step) / "state")
     capsys.readouterr()
-    assert train(_config(corpus), str(workdir)) == EXIT_FAILED
+    assert train(_config(corpus), str(workdir)) == ExitCode.FAILED
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "warning" in lines[0] and "run failed" in lines[1], lines
     assert f"checkpoint {STEPS - 2} does not restore either" in lines[1]
@@ -141,7 +142,7 @@ def _enospc(*args, **kwargs):
 
 
 def _fails_in_one_line(workdir, capsys, rc):
-    assert rc == EXIT_FAILED
+    assert rc == ExitCode.FAILED
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "run failed" in lines[0] and "No space left" in lines[0], lines
     s = summary(workdir)
@@ -195,7 +196,7 @@ def test_a_full_disk_while_logging_fails_in_one_line_and_cannot_hang(
     line, status failed where it still fits, no thread left waiting on a dead writer."""
     from tensorboardX import record_writer
 
-    from loopscale.train import rundir
+    from loopscale.rundir import run as rundir
 
     workdir = tmp_path / "run"
     real_write = record_writer.RecordWriter.write
@@ -224,7 +225,7 @@ def test_a_full_disk_while_logging_fails_in_one_line_and_cannot_hang(
     fails["summary"] = True  # summary.json cannot be written either: the line still says why
     capsys.readouterr()
     with _Deadline():
-        assert train(_config(corpus), str(workdir)) == EXIT_FAILED
+        assert train(_config(corpus), str(workdir)) == ExitCode.FAILED
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "No space left" in lines[0], lines
     monkeypatch.undo()

@@ -13,7 +13,7 @@ from loopscale.cli import main
 from loopscale.sweep import load_sweep
 from loopscale.sweep.collect import collect
 from loopscale.sweep.plan import plan, write_csv
-from loopscale.sweep.rundirs import run_dir
+from loopscale.rundir.sweep import run_dir
 
 
 def law(n, d):

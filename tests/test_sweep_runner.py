@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from loopscale.sweep import load_sweep, rundirs
+from loopscale.rundir import sweep as rundirs
+from loopscale.sweep import load_sweep
 from loopscale.sweep.plan import plan
 from loopscale.sweep.runner import Options, SweepLock, run_sweep
 from loopscale.errors import UsageError

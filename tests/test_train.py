@@ -13,6 +13,7 @@ import pytest
 import trainkit
 
 from loopscale.errors import UsageError
+from loopscale.rundir.status import ExitCode
 from loopscale.train.trainer import train
 
 
@@ -113,7 +114,7 @@ def test_divergence_stops_the_run_with_status_3(corpus, tmp_path):
     cfg = trainkit.config("base", *corpus, **{"train.steps": 30, "train.lr": 1e4,
                                               "train.grad_clip": 0.0, "train.eval_every": 0,
                                               "train.warmup_steps": 0})
-    assert train(cfg, str(tmp_path / "run")) == 3
+    assert train(cfg, str(tmp_path / "run")) == ExitCode.DIVERGED
     s = summary(tmp_path / "run")
     assert s["status"] == "diverged" and s["diverged_step"] < 30 and s["diverged_reason"]
 
@@ -125,7 +126,7 @@ def test_a_run_too_short_for_the_patience_that_blows_up_is_diverged(corpus, tmp_
                                               "train.grad_clip": 0.0, "train.eval_every": 0,
                                               "train.warmup_steps": 0,
                                               "train.checkpoint_every": 0})
-    assert train(cfg, str(tmp_path / "run")) == 3
+    assert train(cfg, str(tmp_path / "run")) == ExitCode.DIVERGED
     s = summary(tmp_path / "run")
     assert s["status"] == "diverged" and s["diverged_reason"]
     assert "first loss" in s["divergence_rule"] and "ln(vocabulary)" in s["divergence_rule"]
@@ -199,7 +200,7 @@ def test_a_muon_run_resumes_from_its_checkpoint(corpus, tmp_path):
 
     from etils import epath
 
-    from loopscale.train.rundir import write_json_atomic
+    from loopscale.files import write_json
 
     config = trainkit.config("flt", *corpus, **{"train.optimizer": "muon", "train.steps": 4,
                                                 "train.checkpoint_every": 2,
@@ -210,6 +211,6 @@ def test_a_muon_run_resumes_from_its_checkpoint(corpus, tmp_path):
     shutil.rmtree(workdir / "checkpoints" / "4")
     kept = [r for r in rows(workdir) if r.get("step", 0) <= 2 and "loss" in r]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    write_json_atomic(epath.Path(workdir / "summary.json"), {**summary(workdir), "status": "running"})
+    write_json(epath.Path(workdir / "summary.json"), {**summary(workdir), "status": "running"})
     assert train(config, str(workdir)) == 0
     assert train_losses(workdir) == first

@@ -24,7 +24,8 @@ from loopscale.flops import flops_per_token
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics
 from loopscale.train.optimizer import build_optimizer, scheduled_update
-from loopscale.train.rundir import RunDirectory, write_json_atomic
+from loopscale.files import write_json
+from loopscale.rundir.run import RunDirectory
 from loopscale.train.step import (
     TrainState,
     gradients,
@@ -649,10 +650,10 @@ def test_open_metrics_on_a_fresh_directory_and_a_reader(tmp_path):
 
 def test_write_json_atomic_leaves_no_temporary_file(tmp_path):
     path = epath.Path(tmp_path) / "summary.json"
-    write_json_atomic(path, {"status": "running", "loss": float("nan"), "per_loop": np.arange(3)})
-    write_json_atomic(path, {"status": "completed", "loss": 1.5})  # replaces
+    write_json(path, {"status": "running", "loss": float("nan"), "per_loop": np.arange(3)})
+    write_json(path, {"status": "completed", "loss": 1.5})  # replaces
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
     assert json.loads(path.read_text()) == {"status": "completed", "loss": 1.5}
-    write_json_atomic(path, {"loss": float("inf"), "per_loop": np.arange(3)})
+    write_json(path, {"loss": float("inf"), "per_loop": np.arange(3)})
     assert json.loads(path.read_text()) == {"loss": "inf", "per_loop": [0, 1, 2]}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

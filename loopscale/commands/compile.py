@@ -20,8 +20,7 @@ import sys
 
 from loopscale.commands.common import add_config_arg, load_experiment
 from loopscale.errors import UsageError
-
-EXIT_DOES_NOT_FIT = 1
+from loopscale.rundir.status import ExitCode
 
 
 def register(subparsers) -> None:
@@ -55,6 +54,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"loopscale compile: {config.name} {args.step} step does not fit {out['topology']}: "
               f"needs {need:.1f} GB per chip, a chip has {out['hbm_bytes_per_chip'] / 1e9:.1f} GB",
               file=sys.stderr)
-        return EXIT_DOES_NOT_FIT
+        return ExitCode.FAILED  # does not fit
     return 0
 

@@ -10,7 +10,7 @@ import sys
 
 from loopscale.commands.common import add_fit_args
 from loopscale.errors import UsageError
-from loopscale.files import write_text_atomic
+from loopscale.files import write_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     except FitError as e:
         raise UsageError(str(e)) from e
     doc = fitting.to_json(result)
-    write_text_atomic(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    write_atomic(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     for line in doc["warnings"]:
         sys.stderr.write(f"loopscale fit: warning: {line}\n")
     print(fitting.summary_table(doc))

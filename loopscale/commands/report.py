@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.scaling import FitError
     from loopscale.scaling import fit as fitting
     from loopscale.scaling import plots
+    from loopscale.files import write_atomic
     from loopscale.scaling import report as rep
     from loopscale.scaling.table import Columns
 
@@ -94,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(args.out, exist_ok=True)
     out = lambda name: os.path.join(args.out, name)  # noqa: E731
     for fig in figures:
-        rep.write_atomically(out(f"{fig.stem}.png"), fig.png)
-        rep.write_atomically(out(f"{fig.stem}.svg"), fig.svg)
-    rep.write_atomically(out("fit.json"), json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_atomic(out(f"{fig.stem}.png"), fig.png)
+        write_atomic(out(f"{fig.stem}.svg"), fig.svg)
+    write_atomic(out("fit.json"), json.dumps(doc, indent=2, allow_nan=False) + "\n")
     title = args.title or f"Scaling report: {table.source}"
     sections = rep.outline(doc, [rep.FigureRef(f.stem, f.title, f.caption) for f in figures])
-    rep.write_atomically(out("report.md"), rep.to_markdown(title, sections))
-    rep.write_atomically(out("index.html"), rep.to_html(title, sections))
+    write_atomic(out("report.md"), rep.to_markdown(title, sections))
+    write_atomic(out("index.html"), rep.to_html(title, sections))
 
     for line in doc["warnings"]:
         sys.stderr.write(f"loopscale report: warning: {line}\n")

@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace, result) -> int:
-    from loopscale.sweep import rundirs
+    from loopscale.rundir import sweep as rundirs
+    from loopscale.rundir.status import RunStatus
     from loopscale.sweep.plan import read_csv, write_csv
     from loopscale.sweep.runner import (
         DEFAULT_TRAIN_COMMAND, Options, Progress, SweepLock, command, run_sweep,
@@ -99,7 +100,7 @@ def _run_local(args: argparse.Namespace, result) -> int:
         for run in result.runs:
             state = rundirs.status(rundirs.run_dir(workdir, run.run_id))
             argv = command(run, workdir, train_command)
-            print(f"# {run.run_id} {run.family} ({state})\n{shlex.join(argv)}")
+            print(f"# {run.run_id} {run.family} ({state.value})\n{shlex.join(argv)}")
         return 0
     with SweepLock(workdir):
         plan_path = os.path.join(workdir, "plan.csv")
@@ -112,12 +113,12 @@ def _run_local(args: argparse.Namespace, result) -> int:
                                  "collected)\n")
         write_csv(result.runs, plan_path)
         outcome = run_sweep(result.runs, workdir, options, Progress())
-    diverged = sum(1 for s in outcome.done.values() if s == "diverged")
+    diverged = sum(1 for s in outcome.done.values() if s is RunStatus.DIVERGED)
     print(f"{len(outcome.done)}/{len(result.runs)} runs done ({diverged} diverged), "
           f"{len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted; "
           f"`loopscale collect {args.workdir} --out=results.csv` tabulates them")
     for run_id in outcome.failed:
-        log = os.path.join(rundirs.run_dir(workdir, run_id), "train.log")
+        log = os.path.join(rundirs.run_dir(workdir, run_id), rundirs.LOG)
         print(f"failed: {run_id} (log: {log})")
     return 0 if outcome.ok else 1
 
@@ -125,8 +126,8 @@ def _run_local(args: argparse.Namespace, result) -> int:
 def _write_launcher(args: argparse.Namespace, result) -> int:
     import json
 
-    from etils import epath
-
+    from loopscale.files import write_atomic
+    from loopscale.rundir import sweep as rundirs
     from loopscale.sweep.launchers import ClusterOptions, script
     from loopscale.sweep.plan import write_csv
 
@@ -148,26 +149,15 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
     script_dir = args.script_dir or (os.path.join("launch", result.sweep.name)
                                      if _is_remote(args.workdir)
                                      else os.path.join(args.workdir, "launch"))
-    os.makedirs(script_dir, exist_ok=True)
     path = os.path.join(script_dir, name)
-    with open(path, "w") as f:
-        f.write(text)
+    write_atomic(path, text)
     os.chmod(path, 0o755)
-    # The plan and each run's plan row go where the runs will be, so collect finds them.
-    top = epath.Path(args.workdir)
-    top.mkdir(parents=True, exist_ok=True)
-    if _is_remote(args.workdir):
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            write_csv(result.runs, os.path.join(tmp, "plan.csv"))
-            (top / "plan.csv").write_text(open(os.path.join(tmp, "plan.csv")).read())
-    else:
-        write_csv(result.runs, os.path.join(args.workdir, "plan.csv"))
+    # The plan and each run's plan row go where the runs will be (local or gs://), so collect
+    # finds them.
+    write_csv(result.runs, os.path.join(args.workdir, "plan.csv"))
     for run in result.runs:
-        rundir = top / "runs" / run.run_id
-        rundir.mkdir(parents=True, exist_ok=True)
-        (rundir / "run.json").write_text(json.dumps(run.row, indent=2) + "\n")
+        write_atomic(os.path.join(rundirs.run_dir(args.workdir, run.run_id), rundirs.RUN_ROW),
+                     json.dumps(run.row, indent=2) + "\n")
     if sized:
         print("\n".join(wall_time_lines(sized, args.startup_s)))
     how = "sbatch" if args.launcher == "slurm" else "bash"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +22,7 @@ import numpy as np
 
 from loopscale.config.schema import DataConfig, Tokenizer
 from loopscale.errors import UsageError
+from loopscale.files import write_atomic
 
 
 class TextTokenizer(Protocol):
@@ -125,20 +125,6 @@ def train_sentencepiece(documents: Iterable[str], vocab_size: int) -> SentencePi
     return SentencePieceTokenizer(model.getvalue())
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes a file so that readers see either nothing or all of it (rename is atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def make_tokenizer(
     data: DataConfig,
     corpus_key: str,
@@ -154,5 +140,5 @@ def make_tokenizer(
     if path.exists():
         return SentencePieceTokenizer(path.read_bytes())
     tok = train_sentencepiece(documents(), data.spm_vocab_size)
-    atomic_write_bytes(path, tok.__getstate__())
+    write_atomic(path, tok.__getstate__())
     return tok

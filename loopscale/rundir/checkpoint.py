@@ -6,6 +6,13 @@ run's unigram entropy covers every step, not only those since the last resume: s
 exact and costs one small file, where recomputing them would mean reading the whole run's data
 again, and metrics.jsonl keeps only logged steps.
 
+    checkpoints/STEP/state     the TrainState (step, params, opt_state): orbax's StandardSave
+    checkpoints/STEP/data      the grain data iterator's state
+    checkpoints/STEP/unigram   the counts (JSON)
+
+`restore_params` reads the parameters alone (no optimiser, no data state) onto any shardings:
+what evaluation needs (load.py).
+
 Restoring verifies by restoring: a newest checkpoint that fails (truncated, files missing, a
 write cut short by a full disk or a kill) is moved aside to `checkpoints/bad-STEP-TIME`, never
 deleted, and the previous one is used. A second failure in a row is no damaged file but
@@ -113,6 +120,25 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def steps(directory: epath.Path) -> list[int]:
+    """The steps of the finished checkpoints in `directory`, ascending. Orbax writes a step
+    under a temporary name and renames it when complete, so a step's folder is a whole one."""
+    directory = epath.Path(directory)
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def restore_params(directory: epath.Path, step: int, abstract_params):
+    """The parameters of checkpoint `step` alone, into `abstract_params` (ShapeDtypeStructs
+    carrying the shardings wanted: any mesh, not the one that trained them)."""
+    item = {"params": abstract_params}
+    args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
+                                  restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        return checkpointer.restore(epath.Path(directory) / str(step) / "state", args=args)["params"]
 
 
 def one_line(e: BaseException) -> str:

@@ -1,62 +1,104 @@
-"""The run directory: config.json, metrics.jsonl, summary.json, TensorBoard events.
+"""One run directory: what `loopscale train` writes and everything else reads back.
 
-Paths are etils.epath paths, so a workdir may be local or any filesystem epath understands
-(gs://...). Files are written by process 0 only.
+    RUN/config.json        the resolved config (every field, after overrides)
+    RUN/metrics.jsonl      one JSON object per logged step (training) or evaluation
+                           (`eval_loss`); on resume, rows past the restored checkpoint's step are
+                           dropped before training goes on, so every step appears exactly once
+    RUN/summary.json       status (status.RunStatus) and results, replaced atomically
+    RUN/checkpoints/STEP/  orbax checkpoints (checkpoint.py); bad-STEP-TIME/ ones moved aside
+    RUN/tensorboard/       the metrics rows as TensorBoard scalars (events.py)
+    RUN/eval/              evaluations of the run's checkpoints (`loopscale eval`)
 
-- config.json: the resolved config (every field, after overrides).
-- metrics.jsonl: one JSON object per logged step (training) or per evaluation (`eval_loss`).
-  On resume, rows past the restored checkpoint's step are dropped before training goes on,
-  so every step appears exactly once.
-- summary.json: status and results, replaced atomically (written to a temporary name, then
-  renamed), so a reader never sees half a file.
-- tensorboard/: the same rows as TensorBoard scalars, written synchronously (tensorboardX's
-  SummaryWriter writes from a thread that dies on a write error, after which the run blocks
-  forever on its full queue, SIGTERM included). On resume, the new events file opens with a
-  purge marker at the first step to be logged again, so TensorBoard drops the old file's events
-  from that step on and shows each step once, as metrics.jsonl does.
+Paths are etils.epath paths, so a run may live on any filesystem epath understands (gs://...).
+Files are written by process 0 only. A run directory written by an older loopscale reads the
+same way: a config field that did not exist then takes its default (`read_config`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import json
 import errno
-import math
-import time
+import json
+import os
 from typing import Any
 
+import ml_collections
 from etils import epath
 
+from loopscale.config import Config, base_config, parse
 from loopscale.errors import UsageError
+from loopscale.files import read_json, read_jsonl, to_json, write_json
+from loopscale.rundir.events import Events
 
-STATUSES = ("running", "completed", "diverged", "failed")
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "tolist"):  # numpy and jax arrays and scalars
-        return _jsonable(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf; keep them readable
-    return value
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+EVAL = "eval"
 
 
-def write_json_atomic(path: epath.Path, data: dict) -> None:
-    tmp = path.parent / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-    tmp.replace(path)  # atomic on a local filesystem; overwrites
+# ---------------------------------------------------------------- reading
 
 
-def read_json(path: epath.Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+def read_summary(rundir: str | os.PathLike) -> dict | None:
+    return read_json(epath.Path(rundir) / SUMMARY)
+
+
+def _merged(defaults: dict, saved: dict) -> dict:
+    out = dict(defaults)
+    for key, value in saved.items():
+        out[key] = _merged(defaults[key], value) if isinstance(defaults.get(key), dict) \
+            and isinstance(value, dict) else value
+    return out
+
+
+def read_config(rundir: str | os.PathLike) -> Config:
+    """The run's config.json as a `Config`. Fields added to loopscale after the run was written
+    take their defaults; a field loopscale no longer knows is a UsageError naming the run."""
+    path = epath.Path(rundir) / CONFIG
+    saved = read_json(path)
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path}: missing or not a JSON object")
+    try:
+        return parse(ml_collections.ConfigDict(_merged(base_config().to_dict(), saved)))
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def config_changes(old: Config, new: Config) -> list[str]:
+    """The dotted names of the fields where two configs differ, sorted."""
+    a, b = _flatten(to_json(old)), _flatten(to_json(new))
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def last_metrics_row(rundir: str | os.PathLike, max_bytes: int = 8192) -> dict | None:
+    """The last complete row of a (possibly growing) metrics.jsonl, read from its tail."""
+    try:
+        with open(os.path.join(rundir, METRICS), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+    return None
+
+
+# ---------------------------------------------------------------- writing
 
 
 def _check_writable(path: epath.Path) -> None:
@@ -74,50 +116,50 @@ def _check_writable(path: epath.Path) -> None:
 
 
 class RunDirectory:
+    """The trainer's handle on its run directory (writes happen on process 0 only)."""
+
     def __init__(self, workdir: str | epath.Path, write: bool = True):
         self.path = epath.Path(workdir)
         self.write = write  # False on processes other than 0
         if write:
             _check_writable(self.path)
         self._metrics = None
-        self._tb = None
+        self._tb: Events | None = None
         self._purge_step: int | None = None
 
     @property
     def checkpoint_dir(self) -> epath.Path:
-        return self.path / "checkpoints"
-
-    @property
-    def summary_path(self) -> epath.Path:
-        return self.path / "summary.json"
+        return self.path / CHECKPOINTS
 
     @property
     def metrics_path(self) -> epath.Path:
-        return self.path / "metrics.jsonl"
+        return self.path / METRICS
 
     def summary(self) -> dict | None:
-        return read_json(self.summary_path)
+        return read_summary(self.path)
 
-    def write_config(self, config: Any) -> None:
-        if self.write:
-            write_json_atomic(self.path / "config.json", _jsonable(config))
+    def check_config(self, config: Config) -> None:
+        """Refuses (UsageError) a workdir that holds a run with a different config; nothing
+        there is touched."""
+        if not (self.path / CONFIG).exists():
+            return
+        changed = config_changes(read_config(self.path), config)
+        if changed:
+            raise UsageError(f"workdir {self.path} holds a run with a different config "
+                             f"({', '.join(changed[:3])}); use a new workdir")
 
-    def write_summary(self, summary: dict) -> None:
+    def write_config(self, config: Config) -> None:
         if self.write:
-            write_json_atomic(self.summary_path, summary)
+            write_json(self.path / CONFIG, config)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        if self.write:
+            write_json(self.path / SUMMARY, summary)
 
     def open_metrics(self, resume_step: int) -> list[dict]:
         """Keeps the rows up to `resume_step` (those the checkpoint has seen) and returns them;
-        TensorBoard events past it are purged too (see the module docstring)."""
-        kept = []
-        if self.metrics_path.exists():
-            for line in self.metrics_path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by a kill
-                    continue
-                if row.get("step", 0) <= resume_step:
-                    kept.append(row)
+        TensorBoard events past it are purged too (events.py)."""
+        kept = [row for row in read_jsonl(self.metrics_path) if row.get("step", 0) <= resume_step]
         if self.write:
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
             self._metrics = self.metrics_path.open("a")
@@ -127,24 +169,12 @@ class RunDirectory:
     def log(self, row: dict) -> None:
         if not self.write:
             return
-        row = _jsonable(row)
+        row = to_json(row)
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        self._tensorboard(row)
-
-    def _tensorboard(self, row: dict) -> None:
         if self._tb is None:
-            self._tb = _Events(self.path / "tensorboard", self._purge_step)
-        step = row["step"]
-        for key, value in row.items():
-            if key == "step":
-                continue
-            if isinstance(value, (int, float)):
-                self._tb.scalar(key, value, step)
-            elif isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
-                for i, v in enumerate(value):  # per-loop values: one curve per loop
-                    self._tb.scalar(f"{key}/{i + 1}", v, step)
-        self._tb.flush()
+            self._tb = Events(self.path / TENSORBOARD, self._purge_step)
+        self._tb.row(row)
 
     def close(self) -> None:
         if self._metrics is not None:
@@ -153,35 +183,3 @@ class RunDirectory:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-
-
-class _Events:
-    """A TensorBoard events file written in the caller's thread, so a failed write (a full disk)
-    raises there. `purge_step`: TensorBoard discards earlier events at or past it (a resume)."""
-
-    def __init__(self, directory: epath.Path, purge_step: int | None):
-        from tensorboardX.event_file_writer import EventsWriter
-
-        directory.mkdir(parents=True, exist_ok=True)
-        # The file is named by the second it opens: a suffix keeps a resume within the same
-        # second from overwriting the previous file.
-        n = len(list(directory.glob("events.out.tfevents.*")))
-        self._writer = EventsWriter(str(directory / "events"), filename_suffix=f".{n}")
-        if purge_step is not None:
-            from tensorboardX.proto.event_pb2 import Event, SessionLog
-
-            self._writer.write_event(Event(wall_time=time.time(), step=purge_step,
-                                           session_log=SessionLog(status=SessionLog.START)))
-
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        self._writer.write_event(Event(wall_time=time.time(), step=step,
-                                       summary=scalar(tag, value)))
-
-    def flush(self) -> None:
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -287,19 +285,3 @@ def exponents_text(doc: dict[str, Any]) -> str:
                       *(str(with_ci(row.get(n), row.get(f"{n}_ci"))) for n in names)])
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
-
-
-def write_atomically(path: str, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader (or a crash) never sees
-    half a file, and a failed write leaves the previous version in place."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the report is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

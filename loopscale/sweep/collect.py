@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Iterable, Sequence
 
 from etils import epath
 
 from loopscale.errors import UsageError
+from loopscale.files import read_json
+from loopscale.rundir import sweep as rundirs
+from loopscale.rundir.run import read_config, read_summary
+from loopscale.rundir.status import RunStatus
 from loopscale.sweep.plan import PLAN_COLUMNS, write_rows
 
 RESULT_COLUMNS = (
@@ -42,13 +45,6 @@ RESULT_COLUMNS = (
 )
 
 
-def _read_json(path: epath.Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 def _plan_rows(sweep_dir: epath.Path) -> list[dict]:
     path = sweep_dir / "plan.csv"
     if not path.exists():
@@ -58,17 +54,14 @@ def _plan_rows(sweep_dir: epath.Path) -> list[dict]:
 
 def _row_from_config(rundir: epath.Path) -> dict | None:
     """A plan row for a run directory that has no run.json (trained by `loopscale train`)."""
-    raw = _read_json(rundir / "config.json")
-    if raw is None:
-        return None
-    import ml_collections
-
-    from loopscale.config import parse
     from loopscale.sweep.plan import plan_row
 
+    raw = read_json(rundir / "config.json")
+    if raw is None:
+        return None
     try:
-        config = parse(ml_collections.ConfigDict(raw))
-    except UsageError:  # a config of another loopscale version: keep what the summary says
+        config = read_config(rundir)
+    except UsageError:  # a config loopscale cannot read any more: keep what the summary says
         return {"run_id": rundir.name, "family": raw.get("name", "")}
     return plan_row(config, family=config.name, budget=None, params_key="params_active")
 
@@ -88,20 +81,15 @@ def result_row(plan: dict, rundir: epath.Path) -> dict:
     row = dict(plan)
     row["planned_tokens"] = row.pop("tokens", None)
     row["planned_flops"] = row.pop("flops", None)
-    summary = _read_json(rundir / "summary.json") or {}
-    row["status"] = summary.get("status", "pending")
+    summary = read_summary(rundir) or {}
+    row["status"] = RunStatus.of(summary).value
     for key in ("final_eval_loss", "best_eval_loss", "tokens", "flops", "wall_time_s"):
         row[key] = _number(summary.get(key))
     row["steps_done"] = summary.get("steps")
-    row["loss"] = row["final_eval_loss"] if row["status"] == "completed" else None
-    attempts = rundir / "attempts.jsonl"
-    row["attempts"] = len(attempts.read_text().splitlines()) if attempts.exists() else 0
+    row["loss"] = row["final_eval_loss"] if row["status"] == RunStatus.COMPLETED else None
+    row["attempts"] = len(rundirs.attempts(rundir))
     row["workdir"] = str(rundir)
     return row
-
-
-def _is_run_dir(path: epath.Path) -> bool:
-    return any((path / name).exists() for name in ("summary.json", "config.json", "run.json"))
 
 
 def is_sweep_dir(directory: str) -> bool:
@@ -118,8 +106,8 @@ def collect_dir(directory: str) -> list[dict]:
     runs_dir = top / "runs"
     planned = _plan_rows(top)
     if not is_sweep_dir(directory):
-        if _is_run_dir(top):
-            plan = _read_json(top / "run.json") or _row_from_config(top) or {"run_id": top.name}
+        if rundirs.is_run_dir(top):
+            plan = read_json(top / rundirs.RUN_ROW) or _row_from_config(top) or {"run_id": top.name}
             return [result_row(plan, top)]
         raise UsageError(f"{directory}: neither a sweep directory (plan.csv, runs/) "
                          "nor a run directory (summary.json, config.json)")
@@ -127,14 +115,14 @@ def collect_dir(directory: str) -> list[dict]:
     for plan in planned:
         rundir = runs_dir / plan["run_id"]
         # run.json is what the run was launched with; plan.csv may be a newer plan.
-        rows.append(result_row(_read_json(rundir / "run.json") or plan, rundir))
+        rows.append(result_row(read_json(rundir / rundirs.RUN_ROW) or plan, rundir))
         seen.add(plan["run_id"])
     # Runs of an earlier plan of this directory, or started by hand: rows too, never dropped.
     extra = sorted(p for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.exists() else []
     for rundir in extra:
-        if rundir.name in seen or not _is_run_dir(rundir):
+        if rundir.name in seen or not rundirs.is_run_dir(rundir):
             continue
-        plan = _read_json(rundir / "run.json") or _row_from_config(rundir)
+        plan = read_json(rundir / rundirs.RUN_ROW) or _row_from_config(rundir)
         rows.append(result_row(plan or {"run_id": rundir.name}, rundir))
     return rows
 

@@ -29,6 +29,7 @@ import dataclasses
 import shlex
 from collections.abc import Sequence
 
+from loopscale.rundir.status import ExitCode
 from loopscale.sweep.packing import Phase, phases, slots
 from loopscale.sweep.plan import PlannedRun
 from loopscale.sweep.sizing import Sized
@@ -275,8 +276,8 @@ def slurm_script(name: str, runs: Sequence[PlannedRun], workdir: str,
         "srun --ntasks=\"$SLURM_NNODES\" --ntasks-per-node=1 "
         "bash -c 'JAX_PROCESS_ID=$SLURM_PROCID exec \"$@\"' _ "
         "$LOOPSCALE train \"${ARGS[@]}\" || rc=$?",
-        "# 3: diverged, a result like any other.",
-        "if [ \"$rc\" -eq 3 ]; then exit 0; fi",
+        f"# {ExitCode.DIVERGED.value}: diverged, a result like any other.",
+        f"if [ \"$rc\" -eq {ExitCode.DIVERGED.value} ]; then exit 0; fi",
         "exit \"$rc\"",
         "",
     ]

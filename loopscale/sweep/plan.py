@@ -340,7 +340,7 @@ def _choose(sweep: Sweep, family: Family, shapes: list[_Shape], budget: float | 
 def write_rows(rows: Sequence[dict], path: str, first: Sequence[str] = PLAN_COLUMNS) -> None:
     """Writes a table of dicts as CSV, `first` columns first (atomically: a reader never sees
     half a table)."""
-    from loopscale.sweep.rundirs import write_text_atomic
+    from loopscale.files import write_atomic
 
     columns = table_columns(rows, first)
     out = io.StringIO()
@@ -348,7 +348,7 @@ def write_rows(rows: Sequence[dict], path: str, first: Sequence[str] = PLAN_COLU
     writer.writeheader()
     for row in rows:
         writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
-    write_text_atomic(path, out.getvalue())
+    write_atomic(path, out.getvalue())
 
 
 def write_csv(runs: Sequence[PlannedRun] | Sequence[dict], path: str) -> None:

@@ -5,7 +5,7 @@ the other runs with it, and every run gets a fresh JAX (no compiled-function cac
 They share JAX's persistent compilation cache (DIR/jax_cache), so a resumed run, or a width
 trained again at another budget, does not recompile what was compiled before.
 
-Resuming: the state of a run is what its directory says (rundirs.py), never what the runner
+Resuming: the state of a run is what its directory says (loopscale/rundir/), never what the runner
 remembers, so killing the runner at any moment loses nothing:
 - completed and diverged runs are skipped;
 - interrupted runs (summary `running`, or no summary) are launched again and `loopscale train`
@@ -36,7 +36,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from loopscale.errors import UsageError
-from loopscale.sweep import rundirs
+from loopscale.files import write_atomic
+from loopscale.rundir import sweep as rundirs
+from loopscale.rundir.run import last_metrics_row, read_summary
+from loopscale.rundir.status import LaunchOutcome, RunStatus
 from loopscale.sweep.plan import PlannedRun
 
 DEFAULT_TRAIN_COMMAND = (sys.executable, "-m", "loopscale.cli", "train")
@@ -55,7 +58,7 @@ class Options:
 class Outcome:
     """How the sweep stands when the runner returns."""
 
-    done: dict[str, str] = dataclasses.field(default_factory=dict)  # run_id -> completed/diverged
+    done: dict[str, RunStatus] = dataclasses.field(default_factory=dict)  # completed/diverged
     failed: list[str] = dataclasses.field(default_factory=list)  # given up
     interrupted: list[str] = dataclasses.field(default_factory=list)  # stopped by a signal
 
@@ -97,7 +100,7 @@ class SweepLock:
 
 def _try_run_lock(rundir: str) -> int | None:
     """An fd holding run.lock, or None if a training process (maybe an orphan) holds it."""
-    fd = os.open(os.path.join(rundir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(rundir, rundirs.RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -158,9 +161,9 @@ def prepare(run: PlannedRun, workdir: str, options: Options) -> tuple[list[str],
     argv = command(run, workdir, options.train_command)
     env = run_env(workdir, options)
     row = {k: v for k, v in run.row.items()}
-    rundirs.write_text_atomic(os.path.join(rundir, "run.json"), json.dumps(row, indent=2) + "\n")
-    script = os.path.join(rundir, "command.sh")
-    rundirs.write_text_atomic(script, command_script(argv, env, os.getcwd()))
+    write_atomic(os.path.join(rundir, rundirs.RUN_ROW), json.dumps(row, indent=2) + "\n")
+    script = os.path.join(rundir, rundirs.COMMAND)
+    write_atomic(script, command_script(argv, env, os.getcwd()))
     os.chmod(script, 0o755)
     return argv, env
 
@@ -177,7 +180,7 @@ def _launch(run: PlannedRun, workdir: str, options: Options, lock_fd: int) -> _A
     argv, extra = prepare(run, workdir, options)
     rundir = rundirs.run_dir(workdir, run.run_id)
     env = {**os.environ, **extra}
-    log = open(os.path.join(rundir, "train.log"), "a")
+    log = open(os.path.join(rundir, rundirs.LOG), "a")
     log.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch: {shlex.join(argv)}\n")
     log.flush()
     try:
@@ -191,19 +194,19 @@ def _launch(run: PlannedRun, workdir: str, options: Options, lock_fd: int) -> _A
     return _Active(run, proc, time.time(), log)
 
 
-def _finish(active: _Active, workdir: str, stopping: bool) -> str:
-    """Records a finished launch; returns done / failed / interrupted / retry."""
+def _finish(active: _Active, workdir: str, stopping: bool) -> LaunchOutcome:
+    """Records a finished launch and returns its outcome."""
     rc = active.proc.returncode
     active.log.write(f"==> exit {rc}\n")
     active.log.close()
     rundir = rundirs.run_dir(workdir, active.run.run_id)
     status = rundirs.status(rundir)
-    if status in rundirs.DONE:
-        outcome = "done"
+    if status.done:
+        outcome = LaunchOutcome.DONE
     elif stopping:
-        outcome = "interrupted"  # our own SIGTERM: not the run's fault, not counted
+        outcome = LaunchOutcome.INTERRUPTED  # our own SIGTERM: not the run's fault, not counted
     else:
-        outcome = "failed"
+        outcome = LaunchOutcome.FAILED
     rundirs.record_attempt(rundir, {"rc": rc, "status": status, "outcome": outcome,
                                     "started": active.started, "ended": time.time()})
     return outcome
@@ -248,7 +251,7 @@ def _triage(runs: Sequence[PlannedRun], workdir: str, options: Options,
     for run in runs:
         rundir = rundirs.run_dir(workdir, run.run_id)
         status = rundirs.status(rundir)
-        if status in rundirs.DONE:
+        if status.done:
             outcome.done[run.run_id] = status
         elif rundirs.given_up(rundir, options.max_retries):
             outcome.failed.append(run.run_id)
@@ -306,9 +309,9 @@ def run_sweep(runs: Sequence[PlannedRun], workdir: str, options: Options,
                 result = _finish(a, workdir, stopping)
                 rundir = rundirs.run_dir(workdir, a.run.run_id)
                 gave_up = False
-                if result == "done":
+                if result is LaunchOutcome.DONE:
                     outcome.done[a.run.run_id] = rundirs.status(rundir)
-                elif result == "interrupted":
+                elif result is LaunchOutcome.INTERRUPTED:
                     outcome.interrupted.append(a.run.run_id)
                 elif rundirs.given_up(rundir, options.max_retries):
                     outcome.failed.append(a.run.run_id)
@@ -373,22 +376,25 @@ class Progress:
             self._line(f"start {run.run_id} {run.family} budget={budget} "
                        f"d_model={run.config.model.d_model} steps={run.config.train.steps}")
 
-    def finished(self, run: PlannedRun, result: str, rundir: str, gave_up: bool = False) -> None:
-        if result == "done":
+    def finished(self, run: PlannedRun, result: LaunchOutcome, rundir: str,
+                 gave_up: bool = False) -> None:
+        said = result.value
+        if result is LaunchOutcome.DONE:
             self.counts["done"] += 1
             self.finished_flops += self._flops(run)
-        elif result == "failed":
+        elif result is LaunchOutcome.FAILED:
             n, _ = rundirs.failures(rundir)
-            result = "gave up" if gave_up else f"failed x{n}, retrying"
+            said = "gave up" if gave_up else f"failed x{n}, retrying"
             if gave_up:
                 self.counts["failed"] += 1
                 self.finished_flops += self._flops(run)
-        summary = rundirs.read_json(os.path.join(rundir, "summary.json")) or {}
+        summary = read_summary(rundir) or {}
         loss = summary.get("final_eval_loss")
-        text = (f"{result:<8} {run.run_id} {run.family} d_model={run.config.model.d_model} "
-                f"status={summary.get('status', rundirs.PENDING)}"
+        text = (f"{said:<8} {run.run_id} {run.family} d_model={run.config.model.d_model} "
+                f"status={RunStatus.of(summary).value}"
                 + (f" eval_loss={loss:.4f}" if isinstance(loss, (int, float)) else "")
-                + ("" if result == "done" else f" (log: {os.path.join(rundir, 'train.log')})"))
+                + ("" if result is LaunchOutcome.DONE
+                   else f" (log: {os.path.join(rundir, rundirs.LOG)})"))
         done = self.counts["done"]
         self._line(f"[{done}/{self.n_total}] {text}{self._eta_text(self.finished_flops)}")
 
@@ -405,8 +411,7 @@ class Progress:
             return
         partial = 0.0
         for a in active:
-            row = rundirs.last_row(os.path.join(rundirs.run_dir(workdir, a.run.run_id),
-                                                "metrics.jsonl"))
+            row = last_metrics_row(rundirs.run_dir(workdir, a.run.run_id))
             steps = a.run.config.train.steps
             if row and steps:
                 partial += self._flops(a.run) * min(1.0, row.get("step", 0) / steps)
