@@ -29,6 +29,16 @@ BAD_FILES = {
                      "    s = base_sweep()\n    s.name = 'typo'\n    s.families = {'base': "
                      "{'experiment': 'experiments/base.py:tiny', 'overrides': {}}}\n"
                      "    s.shape.widht = (8,)\n    return s\n",
+    # A results table that cannot be fitted (one budget, two sizes): once "2 runs fitted".
+    "two_rows.csv": "run_id,family,budget,status,loss,params,tokens,flops\n"
+                    "a,base,1e9,completed,2.95,2624,63488,1e9\n"
+                    "b,base,1e9,completed,2.69,5376,31232,1e9\n",
+    # The same run twice (a table collected twice): once fitted twice without a word.
+    "dup_rows.csv": "run_id,family,budget,status,loss,params,tokens,flops\n"
+                    + "".join(f"r{i % 6},base,{b},completed,{2 + i / 10},{n},{1e9 / 6 / n},1e9\n"
+                              for i, (b, n) in enumerate([(1e9, 2624), (1e9, 5376), (1e9, 8256),
+                                                         (2e9, 2624), (2e9, 5376), (2e9, 8256),
+                                                         (1e9, 2624)])),
 }
 
 
@@ -82,6 +92,12 @@ CATALOGUE = [
     (["flops", "--config={bad}/missing.py"], "no such file"),
     (["flops", "--config=experiments/base.py:tiny", "--config.model.nope=1"],
      "unknown config field in config.model.nope"),
+    # Results tables that cannot be fitted, for both commands that fit.
+    *[([command, "{bad}/two_rows.csv", out], "two_rows.csv: nothing could be fitted (family "
+       "base: no parametric fit: 2 runs")
+      for command, out in [("fit", "--out={tmp}/fit.json"), ("report", "--out={tmp}/report")]],
+    *[([command, "{bad}/dup_rows.csv", out], "run_id r0 appears 2 times (collected twice?)")
+      for command, out in [("fit", "--out={tmp}/fit.json"), ("report", "--out={tmp}/report")]],
     # Workdirs that cannot hold a run: refused before any work.
     *_workdir_rows(),
 ]
@@ -96,7 +112,7 @@ def test_bad_input_exits_2_with_one_line(bad, tmp_path, capsys, args, phrase):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err
     assert lines[0].startswith(f"loopscale {args[0]}: error: ") and phrase in lines[0], lines[0]
-    assert not (tmp_path / "run").exists()  # nothing was started
+    assert list(tmp_path.iterdir()) == []  # nothing was started or written
 
 
 def test_verbose_adds_the_traceback_of_the_cause(bad, capsys):

@@ -182,13 +182,20 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_too_little_data_still_reports_why(tmp_path, capsys):
-    """No IsoFLOP minimum, no parametric fit: empty plots say so, the tables say why."""
+def test_a_family_with_too_little_data_is_reported_with_why(tmp_path, capsys):
+    """A family with no IsoFLOP minimum and no parametric fit, beside one that fits: its
+    plots are empty and say so, the tables say why. (A table where no family fits at all is
+    bad input: tests/test_bad_input.py.)"""
     name = "A<b>|x"
-    pd.DataFrame({"params": [1e6, 2e6, 4e6], "tokens": [1e9, 1e9, 2e9], "loss": [3.0, 2.9, 2.8],
-                  "family": [name] * 3}).to_csv(tmp_path / "results.csv", index=False)
+    weak = pd.DataFrame({"params": [1e6, 2e6, 4e6], "tokens": [1e9, 1e9, 2e9],
+                         "loss": [3.0, 2.9, 2.8], "family": [name] * 3})
+    n = np.array([1e6, 2e6, 4e6, 8e6] * 2)
+    c = np.repeat([1e15, 4e15], 4)
+    ok = pd.DataFrame({"params": n, "tokens": c / (6 * n), "family": "ok",
+                       "loss": 1.7 + 400 / n ** 0.34 + 400 / (c / (6 * n)) ** 0.28})
+    pd.concat([weak, ok]).to_csv(tmp_path / "results.csv", index=False)
     assert main(["report", str(tmp_path / "results.csv"), f"--out={tmp_path / 'r'}",
-                 "--bootstrap=0"]) == 0
+                 "--bootstrap=0", "--grid=small"]) == 0
     for stem in STEMS:
         png_size(tmp_path / "r" / f"{stem}.png")
     md = (tmp_path / "r" / "report.md").read_text()

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from loopscale.commands.common import add_fit_args
+from loopscale.commands.common import add_fit_args, fitted_doc
 from loopscale.errors import UsageError
 
 TABLE_NAMES = ("results.csv", "results.parquet")
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         result = fitting.fit_results(table, options)
     except FitError as e:
         raise UsageError(str(e)) from e
-    doc = fitting.to_json(result)
+    doc = fitted_doc(result, args.source)
     figures = plots.render_all(result)  # before writing anything: a plotting bug leaves no trace
 
     os.makedirs(args.out, exist_ok=True)

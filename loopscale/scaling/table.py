@@ -123,6 +123,11 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
     out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
     run_col = next((c for c in _RUN_COLUMNS if c in frame.columns), None)
     out[RUN] = frame[run_col].astype(str).to_numpy() if run_col else None
+    if run_col in ("run_id", "workdir"):  # identities: a repeat is one run counted twice
+        counts = out[RUN].value_counts()
+        if counts.iloc[0] > 1:
+            raise UsageError(f"{source}: {run_col} {counts.index[0]} appears {counts.iloc[0]} "
+                             "times (collected twice?); each run must be one row")
     if columns.family in frame.columns:
         fam = frame[columns.family]
         out[FAMILY] = np.where(fam.isna(), None, fam.astype(str)).tolist()
