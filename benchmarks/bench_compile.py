@@ -16,7 +16,7 @@ import time
 import jax
 
 from loopscale.config import load_config, parse
-from loopscale.xla_cost import lower_train_step
+from loopscale.evaluate.xla_cost import lower_train_step
 
 
 def compile_seconds(model_cfg, train) -> tuple[float, float, float]:

@@ -29,16 +29,17 @@ MoE-active (router plus top_k experts); they differ in the N of 6N and in attent
 `flops_per_token_6n` is always the `6n` figure, `flops_per_token_train` the configured one.
 
 `computed_flops_per_token` is different in kind: what the compiled training step
-(jit(value_and_grad(loss)) of the unrolled model, see xla_cost.py) executes, as XLA's cost
-analysis counts it: every matmul with its two backward matmuls, full attention matrices (masked
-entries included), the unembedding at every readout, remat's recomputation, and the main
-elementwise terms (transcendentals are left out, as XLA reports them apart; bf16 converts are
-not counted, about 1% at d 128 on CPU). MoE: on CPU, JAX lowers `jax.lax.ragged_dot` densely
-(the assignments masked into an E x A x D array, then one matmul against all experts), so the
-dropless step really executes E times the grouped expert FLOPs, forward and backward, and it is
-counted that way; `ragged_dot_dense=False` counts a grouped kernel (GPU/TPU lowerings). The
-capacity path counts its gathers, queue cumsum and combine and the experts on all E*C slots.
-Against XLA it is within 0.3% on the test matrix (tests/test_flops.py), 1.2% with loop remat.
+(jit(value_and_grad(loss_fn)) of the unrolled model, see evaluate/xla_cost.py) executes, as
+XLA's cost analysis counts it: every matmul with its two backward matmuls, full attention
+matrices (masked entries included), the unembedding at every readout, remat's recomputation, and
+the main elementwise terms (transcendentals are left out, as XLA reports them apart; bf16
+converts are not counted, about 1% at d 128 on CPU). MoE: on CPU, JAX lowers
+`jax.lax.ragged_dot` densely (the assignments masked into an E x A x D array, then one matmul
+against all experts), so the dropless step really executes E times the grouped expert FLOPs,
+forward and backward, and it is counted that way; `ragged_dot_dense=False` counts a grouped
+kernel (GPU/TPU lowerings). The capacity path counts its gathers, queue cumsum and combine and
+the experts on all E*C slots. Against XLA it is within 0.3% on the test matrix
+(tests/test_flops.py), 1.2% with loop remat.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The muP coordinate check (issue #2): widths 128 and 512, 3 Adam steps, four families.
 
-What is asserted (loopscale/coordcheck.py says how it is measured): for every recorded
+What is asserted (loopscale/evaluate/coordcheck.py says how it is measured): for every recorded
 coordinate -- embedding output, each layer's attention and FFN outputs and residual stream per
 loop iteration, every loop boundary, logits -- and every step 0..3, mean |x| at width 512
 divided by mean |x| at width 128 lies in (1/1.2, 1.2) under `mup`, and does not under `sp` at
@@ -16,9 +16,9 @@ import math
 
 import pytest
 
-from loopscale import coordcheck
 from loopscale.cli import main
 from loopscale.config import load_config, parse
+from loopscale.evaluate import coordcheck
 
 FAMILIES = ["base", "looped", "moe", "looped_moe"]
 WIDTHS = (128, 512)

@@ -1,5 +1,6 @@
 """Parameter and FLOP accounting (loopscale/flops.py) against the real parameter tree, the
-studies' published sizes and XLA's count of the compiled training step."""
+studies' published sizes and XLA's count of the compiled training step: jit(value_and_grad) of
+train/step.py `loss_fn`, the loss every train step differentiates (evaluate/xla_cost.py)."""
 
 import dataclasses
 import json
@@ -12,8 +13,9 @@ import pytest
 
 from loopscale import cli, flops
 from loopscale.config import FlopConvention, load_config, parse
+from loopscale.evaluate.xla_cost import lower_train_step, xla_flops_per_token_train
 from loopscale.model import LoopedLM
-from loopscale.xla_cost import xla_flops_per_token_train
+from loopscale.train.step import loss_fn
 
 FAMILIES = ["base", "looped", "moe", "looped_moe"]
 INJECTIONS = ["none", "input", "attn_first", "fla", "flt", "repeat"]
@@ -105,8 +107,30 @@ CASES = CASES + [(*c, *MID) for c in CASES] + [
 ]
 
 
+def test_xla_counts_the_training_loss():
+    """The program XLA costs is the train step's loss and gradient: with every term of the
+    objective switched on (MoE auxiliaries, logit z-loss) it returns `loss_fn`'s value."""
+    cfg = config("experiments/looped_moe.py:tiny", "--config.train.z_loss_weight=1e-3",
+                 "--config.train.batch_size=2", "--config.train.seq_len=16")
+    m, t = cfg.model, cfg.train
+    rng = np.random.default_rng(0)
+    inputs, targets = (jnp.asarray(rng.integers(0, m.vocab_size, (2, 16)), jnp.int32)
+                       for _ in range(2))
+    mask = jnp.asarray(rng.random((2, 16)) > 0.2)
+    model = LoopedLM(m)
+    params = nn.unbox(model.init(jax.random.key(0), inputs)["params"])
+    value, grads = lower_train_step(m, t).compile()(params, inputs, targets, mask)
+    batch = {"inputs": inputs, "targets": targets, "mask": mask}
+    want, aux = loss_fn(params, batch, model, t, m.n_loops)
+    assert float(value) == pytest.approx(float(want), rel=1e-5)
+    assert float(aux["lb_loss"]) > 0 and float(value) > float(aux["ce"])
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(x.split("/")[-1] for x in c))
 def test_computed_flops_match_xla_within_5_percent(case):
+    """The analytic count of what the training step executes (`computed_flops_per_token`)
+    against XLA's count of the compiled train loss and gradient (`loss_fn`, unrolled)."""
     cfg = config(*case)
     xla = xla_flops_per_token_train(cfg.model, cfg.train)["xla_flops_per_token_train"]
     computed = flops.computed_flops_per_token(cfg.model, cfg.train.seq_len, ragged_dot_dense=True)

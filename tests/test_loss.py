@@ -12,9 +12,10 @@ from helpers import init_params, tiny_model_config, tokens
 
 from loopscale.config import load_config, parse
 from loopscale.config.schema import LossLoops
+from loopscale.evaluate.lm import eval_step
 from loopscale.model import LoopedLM
 from loopscale.model.loss import _chunk_size, token_losses
-from loopscale.train.step import eval_step, loss_fn
+from loopscale.train.step import loss_fn
 
 B, T = 4, 12
 

@@ -1,9 +1,9 @@
 """Compile the real train (or eval) step for a set of devices and read back what it needs.
 
-The step is the trainer's own (`trainer.jit_train_step` / `jit_eval_step`), with the trainer's
-mesh, shardings and donation, lowered on abstract inputs (nothing is allocated) inside the
-mesh context, then compiled by XLA for the target devices: TPU chips of a topology this host
-does not have (libtpu's compiler), or the local devices.
+The step is the trainer's own (`trainer.jit_train_step` / `evaluate.lm.jit_eval_step`), with
+the trainer's mesh, shardings and donation, lowered on abstract inputs (nothing is allocated)
+inside the mesh context, then compiled by XLA for the target devices: TPU chips of a topology
+this host does not have (libtpu's compiler), or the local devices.
 
 What comes back, per chip:
 - memory: XLA's buffer assignment of the compiled program (arguments, outputs, the part of
@@ -33,6 +33,7 @@ from loopscale import flops as flops_lib
 from loopscale.aot import topology
 from loopscale.config import Config
 from loopscale.config.schema import FlopConvention
+from loopscale.evaluate import lm
 from loopscale.train import mesh as mesh_lib
 from loopscale.train import trainer
 
@@ -73,7 +74,10 @@ def lower(config: Config, devices, step: str = "train"):
         if step == "train":
             lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=mesh_lib.replicated(s.mesh))
             return trainer.jit_train_step(s, config.model.n_loops).lower(state, batch, lr), s
-        return trainer.jit_eval_step(s, config.model.n_loops).lower(state.params, batch), s
+        eval_fn = lm.jit_eval_step(s.model, config.train, config.model.n_loops,
+                                   param_shardings=s.state_shardings.params,
+                                   batch_sharding=s.batch_sharding)
+        return eval_fn.lower(state.params, batch), s
 
 
 def memory(compiled) -> dict:

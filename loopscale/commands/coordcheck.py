@@ -1,4 +1,5 @@
-"""`loopscale coordcheck --config=... --out=DIR`: the muP coordinate check (loopscale/coordcheck.py).
+"""`loopscale coordcheck --config=... --out=DIR`: the muP coordinate check
+(loopscale/evaluate/coordcheck.py).
 
 Writes DIR/coordcheck.json and DIR/coordcheck.png, prints one summary line, and exits 0 whether
 or not the check passes (it is a measurement; `passed` and `violations` in the JSON say).
@@ -9,9 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from loopscale import coordcheck
 from loopscale.commands.common import add_config_arg, load_experiment
 from loopscale.errors import UsageError
+from loopscale.evaluate import coordcheck
 
 _DEFAULTS = coordcheck.Settings()
 
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     t = cfg.train
     settings = dataclasses.replace(
         _DEFAULTS, steps=args.steps, lr=args.lr, seeds=args.seeds, batch_size=args.batch_size,
-        seq_len=args.seq_len, b1=t.b1, b2=t.b2, eps=t.eps, lb_loss_weight=t.lb_loss_weight,
-        router_z_weight=t.router_z_weight,
+        seq_len=args.seq_len, b1=t.b1, b2=t.b2, eps=t.eps, z_loss_weight=t.z_loss_weight,
+        lb_loss_weight=t.lb_loss_weight, router_z_weight=t.router_z_weight,
     )
     result = coordcheck.run(cfg.model, args.widths, settings, tol=args.tol)
     json_path, png_path = coordcheck.write(result, args.out)

@@ -44,7 +44,7 @@ def flops_report(config, xla: bool = True) -> dict:
     out["xla_transcendentals_per_token_train"] = None
     out["computed_over_xla"] = None
     if xla:
-        from loopscale.xla_cost import xla_flops_per_token_train
+        from loopscale.evaluate.xla_cost import xla_flops_per_token_train
 
         out.update(xla_flops_per_token_train(config.model, config.train))
         if out["xla_flops_per_token_train"]:

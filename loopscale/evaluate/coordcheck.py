@@ -45,7 +45,8 @@ so check at an LR the model would take in its first steps (after warmup that is 
 
 The check runs the Python-loop form of the model (`scan=False`; the same computation as the
 scans, tests/test_model.py) so that flax's `capture_intermediates` sees every use of every
-layer.
+layer. The loss it differentiates is the train step's (train/step.py `objective`), at the loss
+weights of `Settings`, which the command takes from the experiment's train config.
 """
 
 from __future__ import annotations
@@ -64,15 +65,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loopscale.config.schema import ModelConfig, Param, Remat
+from loopscale.config import base_config, parse
+from loopscale.config.schema import ModelConfig, Param, Remat, TrainConfig
 from loopscale.errors import UsageError
 from loopscale.model import mup
 from loopscale.model.attention import Attention
 from loopscale.model.ffn import MLP
-from loopscale.model.loss import lm_loss
 from loopscale.model.moe import MoE
 from loopscale.model.transformer import LoopedLM
 from loopscale.train.optimizer import adam_with_mup
+from loopscale.train.step import objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +90,20 @@ class Settings:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
+    # The training objective's weights (train/step.py `objective`); the command takes them
+    # from the experiment's train config, so the check differentiates what training does.
+    z_loss_weight: float = 0.0
     lb_loss_weight: float = 0.0
     router_z_weight: float = 0.0
+
+
+def objective_config(settings: Settings) -> TrainConfig:
+    """The train config whose objective the check differentiates: the base defaults with the
+    check's batch and loss weights, the logits projected at once (its sequences are short)."""
+    return dataclasses.replace(
+        parse(base_config()).train, batch_size=settings.batch_size, seq_len=settings.seq_len,
+        ce_chunk=0, z_loss_weight=settings.z_loss_weight, lb_loss_weight=settings.lb_loss_weight,
+        router_z_weight=settings.router_z_weight)
 
 
 def width_config(cfg: ModelConfig, d_model: int) -> ModelConfig:
@@ -162,6 +176,7 @@ def _compiled_check(cfg: ModelConfig, settings: Settings):
     model = LoopedLM(cfg, collect_layers=True)
     tx = adam_with_mup(settings.lr, cfg, b1=settings.b1, b2=settings.b2, eps=settings.eps)
     B, T = settings.batch_size, settings.seq_len
+    train = objective_config(settings)
 
     def key(seed, stream):
         # XLA's RngBitGenerator: same numbers for a seed at every width, and it compiles in
@@ -177,16 +192,13 @@ def _compiled_check(cfg: ModelConfig, settings: Settings):
 
     def step(params, opt_state, tokens):
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        batch = {"inputs": inputs, "targets": targets, "mask": jnp.ones_like(targets)}
 
         def loss_fn(p):
+            # The train step's objective, on a forward pass that also records the sub-layers.
             out, state = model.apply({"params": p}, inputs, capture_intermediates=_is_sublayer_call,
                                      mutable=["intermediates"])
-            def readout(h):
-                return model.apply({"params": p}, h, method=LoopedLM.readout)
-
-            loss, _ = lm_loss(readout, out.loop_hidden, targets, jnp.ones_like(targets),
-                              cfg.loss_loops, chunk=0)
-            loss += settings.lb_loss_weight * out.lb_loss + settings.router_z_weight * out.router_z
+            loss, _ = objective(p, out, batch, model, train)
             return loss, _coordinates(cfg, p, inputs, out, state["intermediates"])
 
         (_, coords), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

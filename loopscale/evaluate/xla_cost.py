@@ -2,8 +2,8 @@
 
 The step counted is the training loss the train step differentiates (train/step.py `loss_fn`:
 the LM loss plus the logit z-loss and the MoE load-balancing and router z-losses at their
-train-config weights) differentiated with respect to every parameter, on one batch of train.batch_size x train.seq_len tokens; nothing of the
-optimiser update. Lowering and compiling need no memory for the arrays: parameters and batch
+train-config weights) differentiated with respect to every parameter, on one batch of
+train.batch_size x train.seq_len tokens; nothing of the optimiser update. Lowering and compiling need no memory for the arrays: parameters and batch
 are abstract (`jax.ShapeDtypeStruct`), so paper-sized models can be costed on a laptop.
 
 XLA's HloCostAnalysis counts the body of a `while` loop once, whatever its trip count, so a

@@ -85,6 +85,12 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def global_batch(local: dict, sharding: NamedSharding) -> dict:
+    """This process's rows of a batch (numpy) -> global arrays split by `sharding`."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in local.items()}
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
 

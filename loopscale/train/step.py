@@ -1,7 +1,8 @@
-"""The pure, module-level training and evaluation steps.
+"""The training objective and the pure, module-level train step.
 
 `train_step` is jitted once per loop count (trainer.py) with explicit shardings and the state
-donated. Everything static (model, optimiser, config) is bound with functools.partial.
+donated. Everything static (model, optimiser, config) is bound with functools.partial. The
+held-out evaluation step lives with the other evaluators (evaluate/lm.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import jax.numpy as jnp
 import optax
 
 from loopscale.config.schema import TrainConfig
-from loopscale.model import LoopedLM
-from loopscale.model.loss import cross_entropy, lm_loss, token_losses, z_loss
+from loopscale.model import LoopedLM, ModelOutputs
+from loopscale.model.loss import cross_entropy, lm_loss, z_loss
 from loopscale.train.diagnostics import routing_overlap
 from loopscale.train.optimizer import scheduled_update
 
@@ -31,7 +32,7 @@ def _sq_norm(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
 
 
-def _readout(model: LoopedLM, params, lead=("act_batch", "act_length")):
+def readout_fn(model: LoopedLM, params, lead=("act_batch", "act_length")):
     """hidden (..., D) -> logits (..., V) through the shared final norm and unembedding."""
     return lambda h: model.apply({"params": params}, h, lead=lead, method=LoopedLM.readout)
 
@@ -63,28 +64,39 @@ def layer_supervision_loss(readout, layer_hidden_LxBxTxD, batch) -> jax.Array:
     return cross_entropy(logits_nxBxV, labels_BxL.T, mask_BxL.T)
 
 
+def _supervises_layers(batch, train: TrainConfig) -> bool:
+    return train.intermediate_supervision and "layer_labels" in batch
+
+
 def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
-    """The training objective (the one every step, FLOP count and check differentiates): the LM
-    cross-entropy at the configured loops, the logit z-loss, intermediate supervision and the
-    MoE auxiliary losses at their train-config weights."""
-    cfg = model.cfg
-    supervise = train.intermediate_supervision and "loop_labels" in batch
-    supervise_layers = train.intermediate_supervision and "layer_labels" in batch
-    if supervise_layers:
+    """The training loss: `objective` of the model's forward pass at `n_loops` loops. Every
+    train step and XLA's FLOP count (evaluate/xla_cost.py) differentiate this function."""
+    if _supervises_layers(batch, train):
         model = model.clone(collect_layers=True)
     out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False)
+    return objective(params, out, batch, model, train)
+
+
+def objective(params, out: ModelOutputs, batch, model: LoopedLM, train: TrainConfig):
+    """(loss, aux) of a forward pass `out` of `model` on `batch`: the LM
+    cross-entropy at the configured loops, the logit z-loss, intermediate supervision and the
+    MoE auxiliary losses at their train-config weights. Apart from `loss_fn` so that a caller
+    that runs the model itself (the coordinate check, evaluate/coordcheck.py, captures
+    intermediates) differentiates the same objective."""
+    n_loops = out.loop_hidden.shape[0]
+    supervise = train.intermediate_supervision and "loop_labels" in batch
     mask = batch["mask"]
-    ce, lse_BxT = lm_loss(_readout(model, params), out.loop_hidden, batch["targets"], mask,
-                          cfg.loss_loops, train.ce_chunk)
+    ce, lse_BxT = lm_loss(readout_fn(model, params), out.loop_hidden, batch["targets"], mask,
+                          model.cfg.loss_loops, train.ce_chunk)
     total = ce
     if train.z_loss_weight:
         total = total + train.z_loss_weight * z_loss(lse_BxT, mask)
     aux = {"ce": ce, "residual_norm": out.residual_norm}
-    points = _readout(model, params, lead=(None, "act_batch"))
+    points = readout_fn(model, params, lead=(None, "act_batch"))
     if supervise:
         hop = loop_supervision_loss(points, out.loop_hidden, batch)
         total, aux["loop_supervision_loss"] = total + hop, hop
-    if supervise_layers:
+    if _supervises_layers(batch, train):
         hop = layer_supervision_loss(points, out.layer_hidden[-1], batch)
         total, aux["layer_supervision_loss"] = total + hop, hop
     if out.moe is not None:
@@ -97,7 +109,7 @@ def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
     return total, aux
 
 
-def _micro_batches(batch, accum: int):
+def micro_batches(batch, accum: int):
     """(B, ...) -> (accum, B/accum, ...) with micro-batch i = rows i, i+accum, ..., so each
     micro-batch keeps rows from every data-parallel shard."""
     def split(x):
@@ -123,7 +135,7 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     init = (jnp.zeros((), jnp.float32), zeros, jnp.zeros((), jnp.float32))
-    (loss, grads, count), aux = jax.lax.scan(body, init, _micro_batches(batch, train.grad_accum))
+    (loss, grads, count), aux = jax.lax.scan(body, init, micro_batches(batch, train.grad_accum))
     scale = 1.0 / jnp.maximum(count, 1.0)
     return loss * scale, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), jax.tree.map(
         lambda g: g * scale, grads)
@@ -162,24 +174,3 @@ def loop_grad_norms(params, batch, *, model: LoopedLM, train: TrainConfig, n_loo
     grads = jax.grad(lambda p: loss_fn(p, batch, per_loop, train, n_loops)[0])(tiled)["loop"]
     return jnp.sqrt(sum(jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim)))
                         for g in jax.tree.leaves(grads)))
-
-
-def eval_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
-              ) -> dict[str, jax.Array]:
-    """Sums for a masked mean over the eval set: loss at every loop exit (the last is the
-    model's loss). The batch is evaluated in the train step's micro-batches (a forward pass
-    of what a train step fits) and each exit's vocabulary projection in chunks of
-    `train.ce_chunk` positions, so no (K, B, T, V) logits are ever built."""
-    readout = _readout(model, params)
-
-    def sums(micro):
-        out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
-        mask = micro["mask"].astype(jnp.float32)
-        per_loop = [jnp.sum(token_losses(readout, h, micro["targets"], train.ce_chunk)[0] * mask)
-                    for h in out.loop_hidden]
-        return {"loss_sum_per_loop": jnp.stack(per_loop), "weight": jnp.sum(mask)}
-
-    if train.grad_accum == 1:
-        return sums(batch)
-    parts = jax.lax.map(sums, _micro_batches(batch, train.grad_accum))
-    return jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)

@@ -27,13 +27,14 @@ from loopscale import flops as flops_lib
 from loopscale.data import permutation
 from loopscale.config import Config
 from loopscale.errors import UsageError
+from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics, mesh as mesh_lib
 from loopscale.train.checkpoint import CheckpointError, Checkpointer, abstract_like, one_line
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
 from loopscale.train.rundir import RunDirectory, _jsonable
-from loopscale.train.step import TrainState, eval_step, loop_grad_norms, train_step
+from loopscale.train.step import TrainState, loop_grad_norms, train_step
 
 EXIT_FAILED = 1
 EXIT_DIVERGED = 3
@@ -132,16 +133,6 @@ def jit_train_step(s: _Setup, n_loops: int):
                    out_shardings=(s.state_shardings, None), donate_argnums=0)
 
 
-def jit_eval_step(s: _Setup, n_loops: int):
-    return jax.jit(functools.partial(eval_step, model=s.model, train=s.config.train,
-                                     n_loops=n_loops),
-                   in_shardings=(s.state_shardings.params, s.batch_sharding))
-
-
-def _global_batch(local: dict, sharding) -> dict:
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
-
-
 def _loops_for_step(config: Config, step: int) -> int:
     choices = config.train.loop_choices
     if not choices:
@@ -161,18 +152,6 @@ def _supervision_labels(local: dict, n_loops: int, n_layers: int) -> dict:
 def _host_row(metrics: dict) -> dict:
     return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
             for k, v in jax.device_get(metrics).items()}
-
-
-def evaluate(s: _Setup, params, eval_ds, n_loops: int, fn_cache: dict) -> dict:
-    if n_loops not in fn_cache:
-        fn_cache[n_loops] = jit_eval_step(s, n_loops)
-    totals, weight = None, 0.0
-    for local in eval_ds.iterator():
-        out = jax.device_get(fn_cache[n_loops](params, _global_batch(local, s.batch_sharding)))
-        totals = out["loss_sum_per_loop"] if totals is None else totals + out["loss_sum_per_loop"]
-        weight += float(out["weight"])
-    per_loop = (np.asarray(totals) / max(weight, 1.0)).tolist()
-    return {"eval_loss": per_loop[-1], "eval_loss_per_loop": per_loop}
 
 
 def train(config: Config, workdir: str, devices=None) -> int:
@@ -265,7 +244,10 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
 
     stop = _Stop()
     previous_handler = signal.signal(signal.SIGTERM, stop)
-    steps_fns, eval_fns, loop_grad_fns = {}, {}, {}
+    steps_fns, loop_grad_fns = {}, {}
+    eval_fn = jit_eval_step(s.model, t, config.model.n_loops,
+                            param_shardings=s.state_shardings.params,
+                            batch_sharding=s.batch_sharding)
     compile_time = 0.0
     tokens_per_step = t.batch_size * t.seq_len
     # The schedule's multiplier for every step, evaluated once (not one small dispatch a step).
@@ -309,7 +291,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
             n_loops = _loops_for_step(config, step)
             if t.intermediate_supervision and "hop_labels" in local:
                 local = {**local, **_supervision_labels(local, n_loops, config.model.n_unique)}
-            batch = _global_batch(local, s.batch_sharding)
+            batch = mesh_lib.global_batch(local, s.batch_sharding)
             lr_factor = lr_factors[step]
             if n_loops not in steps_fns:
                 t0 = time.time()
@@ -344,7 +326,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
                 status = "diverged"
                 break
             if t.eval_every and done % t.eval_every == 0 and done != t.steps:
-                rows.append({"step": done, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)})
+                rows.append({"step": done, **evaluate(eval_fn, state.params, eval_ds, s.batch_sharding)})
                 run.log(rows[-1])
             if t.checkpoint_every and done % t.checkpoint_every == 0 and done != t.steps:
                 checkpointer.save(done, state, data_iter, unigram.counts)
@@ -366,7 +348,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         # A finished run re-run (its summary.json lost) already holds its final evaluation.
         final = next((r for r in rows if r["step"] == t.steps and "eval_loss" in r), None)
         if final is None:
-            final = {"step": t.steps, **evaluate(s, state.params, eval_ds, config.model.n_loops, eval_fns)}
+            final = {"step": t.steps, **evaluate(eval_fn, state.params, eval_ds, s.batch_sharding)}
             rows.append(final)
             run.log(final)
     checkpointer.close()
