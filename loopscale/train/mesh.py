@@ -107,3 +107,9 @@ def check_divisible(abstract_params, shardings) -> None:
                                  f"be split {parts} ways over mesh axes {axes}; change the mesh "
                                  f"or the model shape")
     jax.tree_util.tree_map_with_path(check, abstract_params, shardings)
+
+
+def logical_shardings(boxed, mesh: Mesh):
+    """Shardings on `mesh` of a tree whose leaves carry logical axis names (nn.Partitioned:
+    what `jax.eval_shape` of a model's init returns), by the logical rules."""
+    return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, LOGICAL_RULES)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import signal
 import sys
@@ -30,18 +29,16 @@ from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics, mesh as mesh_lib
-from loopscale.train.checkpoint import CheckpointError, Checkpointer, abstract_like, one_line
+from loopscale.rundir.checkpoint import CheckpointError, Checkpointer, abstract_like, one_line
+from loopscale.rundir.run import RunDirectory
+from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
-from loopscale.train.rundir import RunDirectory, _jsonable
 from loopscale.train.step import TrainState, loop_grad_norms, train_step
-
-EXIT_FAILED = 1
-EXIT_DIVERGED = 3
 
 # Failures of the machine rather than of the code: a full disk, a lost filesystem, checkpoints
 # that do not restore. They end the run with status `failed`, one line on stderr and
-# EXIT_FAILED; any other exception is a bug and keeps its traceback.
+# ExitCode.FAILED; any other exception is a bug and keeps its traceback.
 ENVIRONMENT_ERRORS = (OSError, CheckpointError)
 
 
@@ -66,29 +63,6 @@ class _Setup:
     batch_sharding: object
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def _check_workdir(run: RunDirectory, config: Config) -> dict | None:
-    """Refuses a workdir that holds a different run (nothing there is touched); returns the
-    summary of the run it holds, if any."""
-    existing = run.path / "config.json"
-    if existing.exists():
-        old, new = _flatten(json.loads(existing.read_text())), _flatten(_jsonable(config))
-        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-        if changed:
-            raise UsageError(f"workdir {run.path} holds a run with a different config "
-                             f"({', '.join(changed[:3])}); use a new workdir")
-    return run.summary()
-
-
 def _boxed_state_fn(model: LoopedLM, tx, seq_len: int):
     """rng -> TrainState whose params and optimiser state carry their logical axis names."""
     def init(rng):
@@ -107,8 +81,7 @@ def setup(config: Config, devices=None) -> _Setup:
     tx, lr_factor = build_optimizer(config.train, config.model)
     rng = jax.random.PRNGKey(config.seed)
     abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len), rng)
-    specs = nn.get_partition_spec(abstract)
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
+    shardings = mesh_lib.logical_shardings(abstract, mesh)
     mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
     return _Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh))
 
@@ -131,6 +104,17 @@ def jit_train_step(s: _Setup, n_loops: int):
     return jax.jit(step, in_shardings=(s.state_shardings, s.batch_sharding,
                                        mesh_lib.replicated(s.mesh)),
                    out_shardings=(s.state_shardings, None), donate_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A dispatched train step whose metrics the host has not read yet."""
+
+    done: int  # the step count once it has run
+    metrics: dict
+    n_loops: int
+    lr_factor: float
+    dispatched: float  # time.time() when it was dispatched
 
 
 def _loops_for_step(config: Config, step: int) -> int:
@@ -159,10 +143,11 @@ def train(config: Config, workdir: str, devices=None) -> int:
     started = time.time()
     pi = jax.process_index()
     run = RunDirectory(workdir, write=pi == 0)
-    previous = _check_workdir(run, config)
-    if previous and previous.get("status") in ("completed", "diverged"):
-        print(f"{workdir}: run already {previous['status']}; nothing to do", file=sys.stderr)
-        return EXIT_DIVERGED if previous["status"] == "diverged" else 0
+    run.check_config(config)
+    previous = RunStatus.of(run.summary())
+    if previous.done:
+        print(f"{workdir}: run already {previous.value}; nothing to do", file=sys.stderr)
+        return _exit_code(previous)
 
     s = setup(config, devices)
     with mesh_lib.activate(s.mesh):
@@ -181,7 +166,7 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
     if train_ds.vocab_size > config.model.vocab_size:
         raise UsageError(f"model.vocab_size={config.model.vocab_size} is smaller than the data's "
                          f"vocabulary ({train_ds.vocab_size})")
-    summary = {"status": "running", **{k: v for k, v in accounting.items() if k.startswith("params_")},
+    summary = {"status": RunStatus.RUNNING, **{k: v for k, v in accounting.items() if k.startswith("params_")},
                "flop_convention": accounting["flop_convention"],
                "flops_per_token_train": accounting["flops_per_token_train"],
                "flops_per_token_computed": accounting["flops_per_token_computed"]}
@@ -193,7 +178,7 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
     except ENVIRONMENT_ERRORS as e:
         return _fail(run, workdir, started, checkpointer, summary, e)
     except Exception:  # a bug: status failed, and its traceback
-        summary.update(status="failed", wall_time_s=time.time() - started)
+        summary.update(status=RunStatus.FAILED, wall_time_s=time.time() - started)
         run.write_summary(summary)
         raise
 
@@ -201,11 +186,11 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
 def _fail(run: RunDirectory, workdir: str, started: float, checkpointer, summary: dict,
           error: BaseException) -> int:
     """Ends a run that the machine failed (ENVIRONMENT_ERRORS): status `failed` with the reason
-    in summary.json if the disk still takes it, one line on stderr, EXIT_FAILED. Running the
+    in summary.json if the disk still takes it, one line on stderr, ExitCode.FAILED. Running the
     same command again resumes from the last good checkpoint."""
     reason = one_line(error)
     logging.getLogger(__name__).debug("run failed", exc_info=error)  # shown by --verbose
-    summary.update(status="failed", failed_reason=reason, wall_time_s=time.time() - started)
+    summary.update(status=RunStatus.FAILED, failed_reason=reason, wall_time_s=time.time() - started)
     for finish in (lambda: run.write_summary(summary), run.close,
                    checkpointer.close if checkpointer else lambda: None):
         try:
@@ -214,7 +199,7 @@ def _fail(run: RunDirectory, workdir: str, started: float, checkpointer, summary
             pass
     if jax.process_index() == 0:
         print(f"loopscale train: error: {workdir}: run failed: {reason}", file=sys.stderr)
-    return EXIT_FAILED
+    return ExitCode.FAILED
 
 
 def _restore(s: _Setup, checkpointer: Checkpointer, train_ds, workdir: str):
@@ -276,7 +261,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         if "grad_norm" in row:
             oscillation.update(row["grad_norm"])
             divergence.check(row["loss"])
-    status, reason, done = "running", None, start
+    status, reason, done = RunStatus.RUNNING, None, start
     run.write_summary(summary)
 
     progress = None
@@ -284,6 +269,37 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         from tqdm import tqdm
 
         progress = tqdm(total=t.steps, initial=start, desc=config.name, unit="step")
+    # The host runs one step ahead (as nanodo does): step t+1 is dispatched before step t's
+    # metrics are read, so the host's work (the next batch, logging) overlaps the device's.
+    # It waits for the step it dispatched wherever the state itself is needed (evaluation,
+    # checkpoint, per-loop gradients, the last step) or SIGTERM asked to stop: there no step
+    # runs ahead, so a checkpoint holds the data iterator exactly at its step.
+    pending: _Pending | None = None
+    last_read = time.time()
+
+    def read(p: _Pending, extra: dict) -> str | None:
+        """Waits for step p, logs its row; returns why the run diverged, if it did."""
+        nonlocal flops_done, last_read, done
+        row = _host_row(p.metrics)
+        now = time.time()
+        dt = now - max(p.dispatched, last_read)  # from when it could start to when it was read
+        last_read, done = now, p.done
+        flops_done += train_flops_per_token(p.n_loops) * tokens_per_step
+        row.update(
+            step=p.done, n_loops=p.n_loops, lr=t.lr * float(p.lr_factor),
+            tokens=p.done * tokens_per_step, flops=flops_done,
+            step_time_s=dt, tokens_per_s=tokens_per_step / dt,
+            mfu=model_flops_per_token * tokens_per_step / dt / peak,
+            **oscillation.update(row["grad_norm"]), **extra,
+        )
+        rows.append(row)
+        if p.done % t.log_every == 0 or p.done == t.steps:
+            run.log(row)
+        if progress:
+            progress.update(1)
+            progress.set_postfix(loss=f"{row['loss']:.3f}")
+        return divergence.check(row["loss"])
+
     try:
         for step in range(start, t.steps):
             local = next(data_iter)
@@ -297,54 +313,53 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
                 t0 = time.time()
                 steps_fns[n_loops] = jit_train_step(s, n_loops).lower(state, batch, lr_factor).compile()
                 compile_time += time.time() - t0
-            t0 = time.time()
+                last_read = time.time()
             state, metrics = steps_fns[n_loops](state, batch, lr_factor)
-            row = _host_row(metrics)  # waits for the step
-            dt = time.time() - t0
-            done = step + 1
-            flops_done += train_flops_per_token(n_loops) * tokens_per_step
-            row.update(
-                step=done, n_loops=n_loops, lr=t.lr * float(lr_factor),
-                tokens=done * tokens_per_step, flops=flops_done,
-                step_time_s=dt, tokens_per_s=tokens_per_step / dt,
-                mfu=model_flops_per_token * tokens_per_step / dt / peak,
-                **oscillation.update(row["grad_norm"]),
-            )
-            if t.loop_grad_every and done % t.loop_grad_every == 0 and config.model.scan:
+            if pending is not None:
+                reason = read(pending, {})  # the previous step, while this one runs
+                if reason:
+                    status = RunStatus.DIVERGED
+                    break
+            pending = _Pending(step + 1, metrics, n_loops, lr_factor, time.time())
+            after = step + 1
+            grads_per_loop = (t.loop_grad_every and after % t.loop_grad_every == 0
+                              and config.model.scan)
+            evaluates = t.eval_every and after % t.eval_every == 0 and after != t.steps
+            saves = t.checkpoint_every and after % t.checkpoint_every == 0 and after != t.steps
+            if not (grads_per_loop or evaluates or saves or after == t.steps or stop.requested):
+                continue
+            extra = {}
+            if grads_per_loop:
                 if n_loops not in loop_grad_fns:
                     loop_grad_fns[n_loops] = jax.jit(functools.partial(
                         loop_grad_norms, model=s.model, train=t, n_loops=n_loops))
-                row["grad_norm_loop"] = np.asarray(loop_grad_fns[n_loops](state.params, batch)).tolist()
-            rows.append(row)
-            if done % t.log_every == 0 or done == t.steps:
-                run.log(row)
-            if progress:
-                progress.update(1)
-                progress.set_postfix(loss=f"{row['loss']:.3f}")
-            reason = divergence.check(row["loss"])
+                extra["grad_norm_loop"] = np.asarray(
+                    loop_grad_fns[n_loops](state.params, batch)).tolist()
+            reason = read(pending, extra)
+            pending = None
             if reason:
-                status = "diverged"
+                status = RunStatus.DIVERGED
                 break
-            if t.eval_every and done % t.eval_every == 0 and done != t.steps:
+            if evaluates:
                 rows.append({"step": done, **evaluate(eval_fn, state.params, eval_ds, s.batch_sharding)})
                 run.log(rows[-1])
-            if t.checkpoint_every and done % t.checkpoint_every == 0 and done != t.steps:
+            if saves:
                 checkpointer.save(done, state, data_iter, unigram.counts)
             if stop.requested:
                 break
         else:
             reason = divergence.check_end()  # a run too short for the patience rule
-            status = "diverged" if reason else "completed"
+            status = RunStatus.DIVERGED if reason else RunStatus.COMPLETED
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if progress:
             progress.close()
 
     final = {}
-    if status == "completed" or stop.requested:
+    if status is RunStatus.COMPLETED or (stop.requested and status is not RunStatus.DIVERGED):
         if checkpointer.latest_step() != done:
             checkpointer.save(done, state, data_iter, unigram.counts)
-    if status == "completed":
+    if status is RunStatus.COMPLETED:
         # A finished run re-run (its summary.json lost) already holds its final evaluation.
         final = next((r for r in rows if r["step"] == t.steps and "eval_loss" in r), None)
         if final is None:
@@ -375,11 +390,15 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         collapse_rule=diagnostics.COLLAPSE_RULE,
         divergence_rule=" ".join(diagnostics.DivergenceRule.__doc__.split()),
     )
-    if status == "diverged":
+    if status is RunStatus.DIVERGED:
         summary.update(diverged_step=done, diverged_reason=reason)
     run.write_summary(summary)
     if pi == 0:
         losses = ", ".join(f"{k} {summary[k]:.4f}" for k in ("final_train_loss", "final_eval_loss")
                            if summary[k] is not None)
-        print(f"{workdir}: {status} at step {summary['steps']}; {losses}")
-    return EXIT_DIVERGED if status == "diverged" else 0
+        print(f"{workdir}: {status.value} at step {summary['steps']}; {losses}")
+    return _exit_code(status)
+
+
+def _exit_code(status: RunStatus) -> ExitCode:
+    return ExitCode.DIVERGED if status is RunStatus.DIVERGED else ExitCode.OK
