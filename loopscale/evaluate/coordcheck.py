@@ -68,6 +68,7 @@ import optax
 from loopscale.config import base_config, parse
 from loopscale.config.schema import ModelConfig, Param, Remat, TrainConfig
 from loopscale.errors import UsageError
+from loopscale.files import write_atomic
 from loopscale.model import mup
 from loopscale.model.attention import Attention
 from loopscale.model.ffn import MLP
@@ -351,9 +352,6 @@ def write(result: dict, out_dir: str) -> tuple[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, "coordcheck.json")
     png_path = os.path.join(out_dir, "coordcheck.png")
-    tmp = json_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(_finite(result), f, indent=1, allow_nan=False)
-    os.replace(tmp, json_path)
+    write_atomic(json_path, json.dumps(_finite(result), indent=1, allow_nan=False))
     plot(result, png_path)
     return json_path, png_path
