@@ -80,6 +80,9 @@ def base_config() -> ConfigDict:
             eval_batches=4,
             checkpoint_every=50,
             keep_checkpoints=2,
+            keep_steps=(),
+            branch_from="",
+            branch_step=0,
             loop_grad_every=0,
             peak_flops=0.0,
         )

@@ -211,6 +211,13 @@ class TrainConfig:
     eval_batches: int
     checkpoint_every: int
     keep_checkpoints: int
+    # Steps whose checkpoints are saved and kept whatever keep_checkpoints says: the branch
+    # points of a cooldown trunk (sweep.branches).
+    keep_steps: tuple
+    # A cooldown branch starts from the checkpoint at branch_step of the run in branch_from (a
+    # run directory; relative: beside this run's), then trains on with its own schedule.
+    branch_from: str
+    branch_step: int
     loop_grad_every: int  # per-loop gradient norms every N steps (0: never)
     peak_flops: float  # device peak for MFU (0: measure a matmul peak on this machine)
 
@@ -348,6 +355,12 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
                          "train.optimizer=muon (optax's Muon couples decay to the LR)")
     if any(not isinstance(k, int) or k < 1 for k in t.loop_choices):
         raise UsageError(f"train.loop_choices={t.loop_choices} must be positive integers")
+    if any(not isinstance(k, int) or not 1 <= k <= t.steps for k in t.keep_steps):
+        raise UsageError(f"train.keep_steps={t.keep_steps} must be steps between 1 and "
+                         f"train.steps={t.steps}")
+    if t.branch_from and not 1 <= t.branch_step < t.steps:
+        raise UsageError(f"train.branch_step={t.branch_step} must be between 1 and "
+                         f"train.steps={t.steps} - 1 for a branch (train.branch_from)")
     return config
 
 

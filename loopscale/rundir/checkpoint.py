@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grain
 import jax
@@ -32,6 +32,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
 
 class CheckpointError(Exception):
@@ -59,11 +60,19 @@ _QUIET = _NoThreadTracebacks()
 
 
 class Checkpointer:
-    def __init__(self, directory: epath.Path, keep: int):
+    """The run's checkpoints: the newest `keep` of them, and every one in `keep_steps` (a
+    cooldown trunk's branch points). `read_only`: another run's checkpoints, read and never
+    written, moved or deleted (a branch reading its trunk's while the trunk trains on)."""
+
+    def __init__(self, directory: epath.Path, keep: int, keep_steps: Sequence[int] = (),
+                 read_only: bool = False):
         logging.getLogger("absl").addFilter(_QUIET)  # once: a Filter is added only once
+        policies = [preservation.LatestN(max(keep, 1))]
+        if keep_steps:
+            policies.append(preservation.CustomSteps(list(keep_steps)))
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max(keep, 1), create=True, enable_async_checkpointing=True
-        )
+            preservation_policy=preservation.AnyPreservationPolicy(policies), create=not read_only,
+            read_only=read_only, enable_async_checkpointing=True)
         self.directory = epath.Path(directory)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 

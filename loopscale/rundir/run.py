@@ -81,6 +81,13 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def branch_source(rundir: str | os.PathLike, branch_from: str) -> epath.Path:
+    """The run directory a cooldown branch starts from (`train.branch_from`): a relative path
+    is taken beside `rundir` (a sweep's trunk and branches share runs/)."""
+    source = epath.Path(branch_from)
+    return source if source.is_absolute() else epath.Path(rundir).parent / branch_from
+
+
 def last_metrics_row(rundir: str | os.PathLike, max_bytes: int = 8192) -> dict | None:
     """The last complete row of a (possibly growing) metrics.jsonl, read from its tail."""
     try:

@@ -30,7 +30,7 @@ from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.model import LoopedLM
 from loopscale.train import diagnostics, mesh as mesh_lib
 from loopscale.rundir.checkpoint import CheckpointError, Checkpointer, abstract_like, one_line
-from loopscale.rundir.run import RunDirectory
+from loopscale.rundir.run import CHECKPOINTS, RunDirectory, branch_source
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
@@ -173,7 +173,7 @@ def _run(s: _Setup, run: RunDirectory, workdir: str, started: float) -> int:
     checkpointer = None
     try:
         run.write_config(config)  # only once the config is known to be runnable
-        checkpointer = Checkpointer(run.checkpoint_dir, t.keep_checkpoints)
+        checkpointer = Checkpointer(run.checkpoint_dir, t.keep_checkpoints, t.keep_steps)
         return _loop(s, run, workdir, started, accounting, train_ds, eval_ds, checkpointer, summary)
     except ENVIRONMENT_ERRORS as e:
         return _fail(run, workdir, started, checkpointer, summary, e)
@@ -214,8 +214,27 @@ def _restore(s: _Setup, checkpointer: Checkpointer, train_ds, workdir: str):
     if restored:
         return restored.step, restored.state, data_iter, restored.unigram_counts
     # Nothing restored: a fresh iterator, since a failed restore may have set this one's state.
-    counts = np.zeros(0, np.int64)
-    return 0, init_state(s), train_ds.iterator(), counts
+    data_iter = train_ds.iterator()
+    t = s.config.train
+    if t.branch_from:
+        return _branch_start(s, workdir, data_iter)
+    return 0, init_state(s), data_iter, np.zeros(0, np.int64)
+
+
+def _branch_start(s: _Setup, workdir: str, data_iter):
+    """A cooldown branch's first start: model, optimiser, data and unigram state from its
+    trunk's checkpoint at the branch point (read-only: the trunk may still be training)."""
+    t = s.config.train
+    trunk = branch_source(workdir, t.branch_from)
+    source = Checkpointer(trunk / CHECKPOINTS, keep=1, read_only=True)
+    try:
+        if t.branch_step not in source.manager.all_steps():
+            raise UsageError(f"train.branch_from={t.branch_from}: {trunk} has no checkpoint at "
+                             f"train.branch_step={t.branch_step}")
+        state, counts = source.restore(t.branch_step, abstract_state(s), data_iter)
+    finally:
+        source.manager.close()
+    return t.branch_step, state, data_iter, counts
 
 
 def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting: dict,
@@ -325,7 +344,8 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
             grads_per_loop = (t.loop_grad_every and after % t.loop_grad_every == 0
                               and config.model.scan)
             evaluates = t.eval_every and after % t.eval_every == 0 and after != t.steps
-            saves = t.checkpoint_every and after % t.checkpoint_every == 0 and after != t.steps
+            saves = after != t.steps and (
+                (t.checkpoint_every and after % t.checkpoint_every == 0) or after in t.keep_steps)
             if not (grads_per_loop or evaluates or saves or after == t.steps or stop.requested):
                 continue
             extra = {}
