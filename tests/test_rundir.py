@@ -14,9 +14,8 @@ import trainkit
 from loopscale.cli import main
 from loopscale.config import MeshConfig, load_config, parse
 from loopscale.errors import UsageError
-from loopscale.rundir import checkpoint
 from loopscale.rundir.load import load_run
-from loopscale.rundir.run import config_changes, read_config
+from loopscale.rundir.run import checkpoint_steps, config_changes, read_config
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.sweep.collect import collect_dir
 from loopscale.train.mesh import make_mesh
@@ -108,4 +107,4 @@ def test_load_run_names_what_is_missing(tmp_path):
         load_run(tmp_path)
     with pytest.raises(UsageError, match="missing or not a JSON object"):
         load_run(tmp_path / "nowhere")
-    assert checkpoint.steps(FIXTURE / "killed" / "checkpoints") == [4]
+    assert checkpoint_steps(FIXTURE / "killed" / "checkpoints") == [4]

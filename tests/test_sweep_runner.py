@@ -90,27 +90,15 @@ FAKE_TRAIN = textwrap.dedent('''
 ''')
 
 SWEEP = textwrap.dedent('''
-    from ml_collections import ConfigDict
+    from loopscale.sweep import base_sweep
     def get_config(arg=None):
-        s = ConfigDict()
+        s = base_sweep()
         s.name = "micro"
         s.families = {n: {"experiment": "experiments/base.py:tiny", "overrides": {}}
                       for n in ("ok", "diverge", "flaky", "broken", "bad")}
         s.select = "ok"
-        s.overrides = {}
-        s.flop_convention = ""
-        s.budgets = ()
-        s.budget_tolerance = 0.05
-        s.shape = {"kind": "width", "widths": (64, 128), "head_dim": 64, "n_heads": 0, "shapes": (),
-                   "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
-        s.batch_size, s.seq_len = 0, 0
-        s.seeds = (0,)
-        s.lrs = ()
-        s.grid = {}
+        s.shape.kind, s.shape.widths, s.shape.head_dim = "width", (64, 128), 64
         s.steps = 10
-        s.min_steps, s.max_steps = 0, 0
-        s.warmup_frac = -1.0
-        s.evals, s.checkpoints = 0, 0
         s.peak_flops, s.mfu = 1e11, 0.5
         return s
 ''')

@@ -13,31 +13,23 @@ import time
 
 import trainkit
 
-from loopscale.sweep import load_sweep, rundirs
+from loopscale.rundir import sweep as rundirs
+from loopscale.sweep import load_sweep
 from loopscale.sweep.collect import collect
 from loopscale.sweep.plan import plan
 
 SWEEP = textwrap.dedent('''
-    from ml_collections import ConfigDict
+    from loopscale.sweep import base_sweep
     def get_config(arg=None):
-        s = ConfigDict()
+        s = base_sweep()
         s.name = "micro_train"
         s.families = {"base": {"experiment": "experiments/base.py:tiny", "overrides": {}}}
-        s.select = "base"
         s.overrides = {"data": {"paths": "CORPUS", "cache_dir": "CACHE"},
                        "model": {"n_unique": 2},
                        "train": {"eval_batches": 2, "seq_len": 32, "batch_size": 8}}
-        s.flop_convention = ""
-        s.budgets = ()
-        s.budget_tolerance = 0.05
-        s.shape = {"kind": "width", "widths": (16, 32), "head_dim": 8, "n_heads": 0,
-                   "shapes": (), "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
-        s.batch_size, s.seq_len = 0, 0
-        s.seeds = (0,)
+        s.shape.kind, s.shape.widths, s.shape.head_dim = "width", (16, 32), 8
         s.lrs = (3e-3,)
-        s.grid = {}
         s.steps = 8
-        s.min_steps, s.max_steps = 0, 0
         s.warmup_frac = 0.25
         s.evals, s.checkpoints = 0, 4  # evaluations: the final one only
         s.peak_flops, s.mfu = 1e11, 0.3

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 # A run's fixed cost before its first step, assumed (not measured): starting the process,
 # compiling the train and eval steps, restoring; the issue that motivated packing put it at
@@ -124,16 +124,26 @@ def summary_lines(result) -> list[str]:
     lines = [f"{'budget':>8}  {'family':<12} {'runs':>4} {'d_model':>9} {'params':>13} "
              f"{'steps':>11} {'flops/budget':>12} {'device h':>9}"]
     for (budget, family), rows in groups.items():
+        trunks = rows[0]["role"] == "trunk"
         def span(key, fmt=str):
             lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
             return fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}"
         ratio = "-" if budget is None else span("flops_over_budget", "{:.3f}".format)
         lines.append(
-            f"{'-' if budget is None else f'{budget:.3g}':>8}  {family:<12} {len(rows):>4} "
+            f"{'trunks' if trunks else '-' if budget is None else f'{budget:.3g}':>8}  "
+            f"{family:<12} {len(rows):>4} "
             f"{span('d_model'):>9} {span('params', _short):>13} {span('steps'):>11} "
             f"{ratio:>12} {sum(r['est_device_hours'] for r in rows):>9.3g}")
     hours = sum(r.row["est_device_hours"] for r in result.runs)
-    lines.append(f"{len(result.runs)} runs, {sum(r.row['flops'] for r in result.runs):.3g} FLOPs, "
+    spent = sum(r.row["flops_spent"] for r in result.runs)
+    roles = Counter(r.row["role"] for r in result.runs)
+    branched = ""
+    if roles["trunk"]:
+        points = sum(r.row["flops"] for r in result.runs if r.row["role"] != "trunk")
+        branched = (f" ({roles['trunk']} trunks, {roles['branch']} cooldown branches, "
+                    f"{roles['run']} standalone: {spent / points:.0%} of the {points:.3g} "
+                    "FLOPs the points would spend on their own)")
+    lines.append(f"{len(result.runs)} runs, {spent:.3g} FLOPs{branched}, "
                  f"about {hours:.3g} device hours ({hours * 60:.3g} minutes)")
     return lines
 

@@ -138,6 +138,10 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
         sbatch_args=tuple(args.sbatch_arg))
     if args.nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
+    if any(run.config.train.branch_from for run in result.runs):
+        raise UsageError("cooldown branches (sweep.branches) run with the local runner only: "
+                         "the launch scripts do not yet start a branch after its trunk's "
+                         "checkpoint; plan with --sweep.branches=False for --launcher")
     sized = size(args, result)
     if sized:
         result = sized.plan  # plan.csv and run.json get the chips and step times too

@@ -131,15 +131,6 @@ class Checkpointer:
         self.manager.close()
 
 
-def steps(directory: epath.Path) -> list[int]:
-    """The steps of the finished checkpoints in `directory`, ascending. Orbax writes a step
-    under a temporary name and renames it when complete, so a step's folder is a whole one."""
-    directory = epath.Path(directory)
-    if not directory.exists():
-        return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-
-
 def restore_params(directory: epath.Path, step: int, abstract_params):
     """The parameters of checkpoint `step` alone, into `abstract_params` (ShapeDtypeStructs
     carrying the shardings wanted: any mesh, not the one that trained them)."""

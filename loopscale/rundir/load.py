@@ -20,7 +20,7 @@ from loopscale.config import Config
 from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
 from loopscale.rundir import checkpoint
-from loopscale.rundir.run import CHECKPOINTS, read_config
+from loopscale.rundir.run import CHECKPOINTS, checkpoint_steps, read_config
 from loopscale.train import mesh as mesh_lib
 
 
@@ -44,7 +44,7 @@ def load_run(rundir: str | os.PathLike, step: int | None = None,
     Bad input (no run, no checkpoint, a step that is not there) is a UsageError."""
     config = read_config(rundir)
     directory = epath.Path(rundir) / CHECKPOINTS
-    available = checkpoint.steps(directory)
+    available = checkpoint_steps(directory)
     if not available:
         raise UsageError(f"{rundir}: no checkpoint to load")
     if step is None:

@@ -81,6 +81,16 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def checkpoint_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps of the finished checkpoints in a checkpoints/ folder, ascending (no JAX or
+    orbax needed). Orbax writes a step under a temporary name and renames it when complete,
+    so a step's folder is a whole one."""
+    directory = epath.Path(directory)
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
 def branch_source(rundir: str | os.PathLike, branch_from: str) -> epath.Path:
     """The run directory a cooldown branch starts from (`train.branch_from`): a relative path
     is taken beside `rundir` (a sweep's trunk and branches share runs/)."""

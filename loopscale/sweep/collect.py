@@ -6,7 +6,8 @@ state: `pending` (never started), `running` (training, or interrupted), `complet
 `diverged`, `failed`; nothing is dropped. Columns, besides the plan's:
 
     status            pending | running | completed | diverged | failed
-    loss              = final_eval_loss (what `loopscale fit` fits; empty unless completed)
+    loss              = final_eval_loss (what `loopscale fit` fits; empty unless completed,
+                      and for a cooldown trunk, whose branches are the grid's points)
     final_eval_loss, best_eval_loss, wall_time_s     from summary.json
     tokens, flops     actually spent (summary.json); the plan's figures are planned_tokens,
                       planned_flops
@@ -86,7 +87,9 @@ def result_row(plan: dict, rundir: epath.Path) -> dict:
     for key in ("final_eval_loss", "best_eval_loss", "tokens", "flops", "wall_time_s"):
         row[key] = _number(summary.get(key))
     row["steps_done"] = summary.get("steps")
-    row["loss"] = row["final_eval_loss"] if row["status"] == RunStatus.COMPLETED else None
+    # A cooldown trunk is no point of the IsoFLOP grid (its branches are): no loss to fit.
+    point = row.get("role") != "trunk"
+    row["loss"] = row["final_eval_loss"] if row["status"] == RunStatus.COMPLETED and point else None
     row["attempts"] = len(rundirs.attempts(rundir))
     row["workdir"] = str(rundir)
     return row

@@ -31,9 +31,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loopscale import flops as flops_lib
-from loopscale.config import Config, load_config, parse
+from loopscale.config import Config, Schedule, load_config, parse
 from loopscale.errors import UsageError
+from loopscale.files import to_json
 from loopscale.sweep.schema import Family, Overrides, ShapeKind, Sweep
+from loopscale.train.schedules import stable_end
 
 # The plan table's columns, in order (a contract: collect, fit and users read them). Grid
 # fields of the sweep are added after SHAPE_COLUMNS under their dotted names.
@@ -42,8 +44,17 @@ PLAN_COLUMNS = (
     "run_id", "family", "budget", *SHAPE_COLUMNS, "params", "params_unique", "params_effective",
     "params_active", "params_embedding", "flop_convention", "flops_per_token", "tokens", "steps",
     "batch_size", "seq_len", "lr", "seed", "flops", "flops_over_budget", "est_device_hours",
-    "chips", "est_step_time_s", "experiment", "overrides",
+    "chips", "est_step_time_s", "role", "branch_of", "branch_step", "flops_spent",
+    "experiment", "overrides",
 )
+
+
+class Role(enum.Enum):
+    """What a planned run is for (the plan's `role` column)."""
+
+    RUN = "run"  # one (size, budget) point, trained on its own
+    TRUNK = "trunk"  # a size at constant LR to its largest branch point; no point of its own
+    BRANCH = "branch"  # one (size, budget) point: a cooldown from its trunk's checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,16 +87,6 @@ def format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return repr(tuple(value))
     return str(value)
-
-
-def to_json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
-    return value
 
 
 def config_hash(config: Config) -> str:
@@ -226,19 +227,22 @@ def _around_optimum(sweep: Sweep, fits: list[tuple[_Shape, int]]) -> tuple[list,
 def plan_row(config: Config, family: str, budget: float | None, params_key: str,
              grid: Sequence[tuple[str, Any]] = (), experiment: str = "",
              overrides: Overrides = (), peak: float | None = None,
-             mfu: float | None = None) -> dict:
-    """The plan table's row of a resolved config (collect rebuilds it for bare run dirs)."""
+             mfu: float | None = None, role: Role = Role.RUN) -> dict:
+    """The plan table's row of a resolved config (collect rebuilds it for bare run dirs).
+    `tokens` and `flops` are the run's point on the IsoFLOP grid (a branch's include its
+    trunk's steps); `flops_spent` and `est_device_hours` what the run itself computes."""
     m, t = config.model, config.train
     counts = flops_lib.param_counts(m)
     fpt = flops_lib.flops_per_token(m, t.seq_len, config.flop_convention)
     tokens = t.steps * t.batch_size * t.seq_len
+    own_tokens = (t.steps - t.branch_step if t.branch_from else t.steps) * t.batch_size * t.seq_len
     spent = tokens * fpt
     hours = None
     if peak and mfu:
         # Device time from what the compiled step executes (grouped MoE matmuls, as on GPU/TPU),
         # the same numerator the trainer's MFU uses.
         computed = flops_lib.computed_flops_per_token(m, t.seq_len, ragged_dot_dense=False)
-        hours = tokens * computed / (peak * mfu) / 3600.0
+        hours = own_tokens * computed / (peak * mfu) / 3600.0
     return {
         "run_id": config_hash(config), "family": family, "budget": budget,
         "d_model": m.d_model, "n_heads": m.n_heads, "n_unique": m.n_unique, "n_loops": m.n_loops,
@@ -254,6 +258,9 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
         "est_device_hours": hours,
         # Filled in from compiles for a TPU slice (sizing.py, `loopscale plan --topology`).
         "chips": None, "est_step_time_s": None,
+        "role": role.value, "branch_of": t.branch_from or None,
+        "branch_step": t.branch_step if t.branch_from else None,
+        "flops_spent": own_tokens * fpt,
         "experiment": experiment,
         "overrides": " ".join(f"--config.{k}={format_value(v)}" for k, v in overrides),
     }
@@ -291,19 +298,23 @@ def plan(sweep: Sweep, peak_flops: float | None = None, mfu: float | None = None
         for gi, point in enumerate(grid_points):
             shapes = [_resolve_shape(family.experiment, _merge(fixed, s, point), sweep.shape.params)
                       for s in shape_sets]
+            chosen: dict[Overrides, list[tuple[int, float | None, int]]] = {}
+            by_overrides = {s.overrides: s for s in shapes}
             for bi, budget in enumerate(budgets):
                 for shape, steps in _choose(sweep, family, shapes, budget, notes):
-                    for li, lr in enumerate(lrs):
-                        for seed in sweep.seeds:
-                            overrides = _merge(shape.overrides, lr, [("seed", seed)],
-                                               _schedule(sweep, steps))
-                            config = resolve(family.experiment, overrides)
-                            row = plan_row(config, family.name, budget, sweep.shape.params,
-                                           point, family.experiment, overrides, peak, mfu)
-                            run = PlannedRun(row["run_id"], family.name, budget,
-                                             family.experiment, overrides, config, row)
-                            # Budget-major: small budgets finish first and are fittable early.
-                            keyed.append(((bi, fi, gi, li, seed, shape.params), run))
+                    chosen.setdefault(shape.overrides, []).append((bi, budget, steps))
+            for li, lr in enumerate(lrs):
+                for seed in sweep.seeds:
+                    ctx = _Context(sweep, family, point, lr + (("seed", seed),), peak, mfu)
+                    for shape_overrides, points in chosen.items():
+                        shape = by_overrides[shape_overrides]
+                        runs = (_branched(ctx, shape, points) if sweep.branches
+                                else [(bi, _standalone(ctx, shape, budget, steps))
+                                      for bi, budget, steps in points])
+                        # Budget-major: small budgets finish first and are fittable early;
+                        # trunks (bi -1) before everything, since branches start from them.
+                        keyed.extend(((bi, fi, gi, li, seed, shape.params), run)
+                                     for bi, run in runs)
     out, seen = [], set()
     for _, run in sorted(keyed, key=lambda kv: kv[0]):
         if run.run_id in seen:  # two spellings of one config (e.g. a grid value = the default)
@@ -312,6 +323,61 @@ def plan(sweep: Sweep, peak_flops: float | None = None, mfu: float | None = None
         seen.add(run.run_id)
         out.append(run)
     return Plan(sweep, tuple(out), tuple(notes))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every run of one family, grid point, LR and seed shares."""
+
+    sweep: Sweep
+    family: Family
+    grid: tuple[tuple[str, Any], ...]
+    fixed: Overrides  # the LR and the seed
+    peak: float
+    mfu: float
+
+    def run(self, budget: float | None, overrides: Overrides, role: Role) -> PlannedRun:
+        family = self.family
+        config = resolve(family.experiment, overrides)
+        row = plan_row(config, family.name, budget, self.sweep.shape.params, self.grid,
+                       family.experiment, overrides, self.peak, self.mfu, role)
+        return PlannedRun(row["run_id"], family.name, budget, family.experiment, overrides,
+                          config, row)
+
+
+def _standalone(ctx: _Context, shape: _Shape, budget: float | None, steps: int) -> PlannedRun:
+    overrides = _merge(shape.overrides, ctx.fixed, _schedule(ctx.sweep, steps))
+    return ctx.run(budget, overrides, Role.RUN)
+
+
+def _branched(ctx: _Context, shape: _Shape, points: list[tuple[int, float | None, int]]
+              ) -> list[tuple[int, PlannedRun]]:
+    """One shape's budgets as a constant-LR trunk and a WSD cooldown branch per budget. The
+    trunk's LR up to each branch point is the WSD schedule's (the same warmup for all, from
+    the smallest budget), so each branch trains exactly what a standalone WSD run of its
+    budget would (tests/test_branches.py). A budget whose cooldown rounds to no step, or a
+    shape planned at one budget only, is a standalone run."""
+    t = shape.config.train
+    if t.schedule is not Schedule.WSD:
+        raise UsageError(f"sweep.branches needs warmup-stable-decay: family {ctx.family.name} "
+                         f"has train.schedule={t.schedule.value} (set train.schedule=wsd)")
+    sweep = ctx.sweep
+    warmup = (int(round(sweep.warmup_frac * min(steps for _, _, steps in points)))
+              if sweep.warmup_frac >= 0 else t.warmup_steps)
+    starts = {steps: stable_end(steps, t.decay_frac, warmup) for _, _, steps in points}
+    branchable = [p for p in points if starts[p[2]] < p[2]]
+    alone = [(bi, _standalone(ctx, shape, budget, steps)) for bi, budget, steps in points
+             if len(branchable) < 2 or starts[steps] >= steps]
+    if len(branchable) < 2:
+        return alone
+    keep = tuple(sorted({starts[steps] for _, _, steps in branchable}))
+    trunk = ctx.run(None, _merge(shape.overrides, ctx.fixed, _schedule(sweep, keep[-1]), [
+        ("train.schedule", Schedule.CONSTANT.value), ("train.warmup_steps", warmup),
+        ("train.keep_steps", keep)]), Role.TRUNK)
+    branches = [(bi, ctx.run(budget, _merge(shape.overrides, ctx.fixed, _schedule(sweep, steps), [
+        ("train.warmup_steps", warmup), ("train.branch_from", trunk.run_id),
+        ("train.branch_step", starts[steps])]), Role.BRANCH)) for bi, budget, steps in branchable]
+    return [(-1, trunk), *branches, *alone]
 
 
 def _choose(sweep: Sweep, family: Family, shapes: list[_Shape], budget: float | None,

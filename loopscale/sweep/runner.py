@@ -38,7 +38,9 @@ from collections.abc import Callable, Sequence
 from loopscale.errors import UsageError
 from loopscale.files import write_atomic
 from loopscale.rundir import sweep as rundirs
-from loopscale.rundir.run import last_metrics_row, read_summary
+from loopscale.rundir.run import (
+    CHECKPOINTS, branch_source, checkpoint_steps, last_metrics_row, read_summary,
+)
 from loopscale.rundir.status import LaunchOutcome, RunStatus
 from loopscale.sweep.plan import PlannedRun
 
@@ -260,9 +262,37 @@ def _triage(runs: Sequence[PlannedRun], workdir: str, options: Options,
     return todo
 
 
+def _trunk_ready(run: PlannedRun, workdir: str) -> bool:
+    """A cooldown branch can start once its trunk has the checkpoint it branches from (orbax
+    writes a step under a temporary name and renames it when whole); other runs always can."""
+    t = run.config.train
+    if not t.branch_from:
+        return True
+    trunk = branch_source(rundirs.run_dir(workdir, run.run_id), t.branch_from)
+    return t.branch_step in checkpoint_steps(trunk / CHECKPOINTS)
+
+
+def _unreachable(todo: list[PlannedRun], workdir: str, outcome: Outcome,
+                 active: list[_Active]) -> list[PlannedRun]:
+    """Branches that can never start: their trunk is given up, or finished (or not running
+    and not to be run) without the checkpoint they need."""
+    waiting = {r.run_id for r in todo} | {a.run.run_id for a in active}
+    stuck = []
+    for run in todo:
+        trunk = run.config.train.branch_from
+        if not trunk or _trunk_ready(run, workdir):
+            continue
+        if trunk in outcome.failed or trunk in outcome.done or trunk not in waiting:
+            stuck.append(run)
+    return stuck
+
+
 def _launch_next(todo: list[PlannedRun], workdir: str, options: Options) -> _Active | None:
-    """Launches the first run whose run.lock is free (a held one: an orphan is exiting)."""
+    """Launches the first run that can start and whose run.lock is free (a held one: an
+    orphan is exiting)."""
     for i, run in enumerate(todo):
+        if not _trunk_ready(run, workdir):
+            continue
         rundir = rundirs.run_dir(workdir, run.run_id)
         os.makedirs(rundir, exist_ok=True)
         fd = _try_run_lock(rundir)
@@ -320,6 +350,11 @@ def run_sweep(runs: Sequence[PlannedRun], workdir: str, options: Options,
                     todo.insert(0, a.run)  # retry it next
                 if progress:
                     progress.finished(a.run, result, rundir, gave_up)
+            for run in _unreachable(todo, workdir, outcome, active):
+                todo.remove(run)
+                outcome.failed.append(run.run_id)
+                if progress:
+                    progress.unreachable(run)
             if progress:
                 progress.tick(active, workdir)
     if progress:
@@ -348,7 +383,9 @@ class Progress:
 
     @staticmethod
     def _flops(run: PlannedRun) -> float:
-        return float(run.row.get("flops") or 0.0) or 1.0
+        """What the run itself computes (a branch: its cooldown only)."""
+        row = run.row
+        return float(row.get("flops_spent") or row.get("flops") or 0.0) or 1.0
 
     def start(self, runs: Sequence[PlannedRun], outcome: Outcome) -> None:
         self.n_total = len(runs)
@@ -375,6 +412,13 @@ class Progress:
             budget = "-" if run.budget is None else f"{run.budget:.3g}"
             self._line(f"start {run.run_id} {run.family} budget={budget} "
                        f"d_model={run.config.model.d_model} steps={run.config.train.steps}")
+
+    def unreachable(self, run: PlannedRun) -> None:
+        self.counts["failed"] += 1
+        self.finished_flops += self._flops(run)
+        self._line(f"gave up  {run.run_id} {run.family}: its trunk "
+                   f"{run.config.train.branch_from} ended without checkpoint "
+                   f"{run.config.train.branch_step}")
 
     def finished(self, run: PlannedRun, result: LaunchOutcome, rundir: str,
                  gave_up: bool = False) -> None:

@@ -37,6 +37,9 @@ shape's), so a typo fails at start-up in one line:
     min_steps, max_steps  int  a budget's shape needing fewer (more; 0 = no limit) is left out
     warmup_frac       float  warmup steps = round(frac * steps) (negative keeps the family's)
     evals, checkpoints  int  per run: eval_every / checkpoint_every = steps // n (0 keeps)
+    branches          bool   cooldown branches (plan.py): each size trains once at constant LR
+                             to its largest budget's branch point, and each budget is a short
+                             WSD cooldown from that trunk's checkpoint (families' schedule wsd)
     peak_flops, mfu   float  defaults of `plan`'s --peak-flops / --mfu (est_device_hours)
 
 A family's experiment is a path as `loopscale train --config=` takes it. A relative path is
@@ -116,6 +119,7 @@ class Sweep:
     warmup_frac: float
     evals: int
     checkpoints: int
+    branches: bool
     peak_flops: float
     mfu: float
 
@@ -141,6 +145,7 @@ def base_sweep() -> ml_collections.ConfigDict:
     s.min_steps, s.max_steps = 0, 0  # no limits
     s.warmup_frac = -1.0  # the family's warmup_steps
     s.evals, s.checkpoints = 0, 0  # the family's eval_every / checkpoint_every
+    s.branches = False  # one run per (size, budget)
     # est_device_hours: one TPU v5p chip's bf16 peak at 40% MFU (CPU sweeps set their own).
     s.peak_flops, s.mfu = 459e12, 0.4
     return s
@@ -178,7 +183,9 @@ def _typed(value: Any, typ: type, where: str) -> Any:
         return value
     if typ is str and isinstance(value, str):
         return value
-    kind = {float: "a number", int: "an integer", str: "a string"}[typ]
+    if typ is bool and isinstance(value, bool):
+        return value
+    kind = {float: "a number", int: "an integer", str: "a string", bool: "true or false"}[typ]
     raise UsageError(f"sweep field {where}={value!r} must be {kind}")
 
 
@@ -318,7 +325,8 @@ def parse_sweep(cfg: ml_collections.ConfigDict, sweep_file: str = "") -> Sweep:
         grid=_grid(cfg),
         steps=g("steps", int), min_steps=g("min_steps", int), max_steps=g("max_steps", int),
         warmup_frac=g("warmup_frac", float), evals=g("evals", int),
-        checkpoints=g("checkpoints", int), peak_flops=g("peak_flops", float), mfu=g("mfu", float))
+        checkpoints=g("checkpoints", int), branches=g("branches", bool),
+        peak_flops=g("peak_flops", float), mfu=g("mfu", float))
     _check(sweep)
     return sweep
 

@@ -21,6 +21,12 @@ def _cooldown(kind: Cooldown, peak: float, floor: float, steps: int) -> optax.Sc
     return sqrt_decay
 
 
+def stable_end(steps: int, decay_frac: float, warmup: int) -> int:
+    """The step where WSD's cooldown starts: before it, the LR is that of warmup then constant,
+    so a constant-LR trunk checkpointed there is where a cooldown branch starts (sweep/plan.py)."""
+    return max(steps - int(round(decay_frac * steps)), warmup)
+
+
 def learning_rate(train: TrainConfig, peak: float | None = None) -> optax.Schedule:
     peak = train.lr if peak is None else peak
     floor = peak * train.min_lr_frac
@@ -38,12 +44,11 @@ def learning_rate(train: TrainConfig, peak: float | None = None) -> optax.Schedu
     if train.schedule is Schedule.CONSTANT:
         pieces.append(optax.constant_schedule(peak))
     else:  # WSD: stable until the last decay_frac of the steps, then cool down
-        decay = int(round(train.decay_frac * train.steps))
-        stable_end = max(train.steps - decay, warmup)
-        if stable_end > warmup:
+        decay_start = stable_end(train.steps, train.decay_frac, warmup)
+        if decay_start > warmup:
             pieces.append(optax.constant_schedule(peak))
-            boundaries.append(stable_end)
-        pieces.append(_cooldown(train.cooldown, peak, floor, train.steps - stable_end))
+            boundaries.append(decay_start)
+        pieces.append(_cooldown(train.cooldown, peak, floor, train.steps - decay_start))
     if len(pieces) == 1:
         return pieces[0]
     return optax.join_schedules(pieces, boundaries)
