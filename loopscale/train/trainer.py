@@ -9,6 +9,7 @@ restore: one line on stderr, status `failed`; run again to resume), 3 diverged.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -61,6 +62,35 @@ class _Setup:
     lr_factor: object  # step -> lr_t / peak (optimizer.py: the schedule lives outside tx)
     state_shardings: object
     batch_sharding: object
+    # The compiled functions of this step shape in this process: "init", "eval", and
+    # "train" / "loop_grad" by loop count (shared by every run of the shape; _shared).
+    compiled: dict
+
+
+# Fields of TrainConfig that only the host loop reads (the schedule enters the step as a
+# multiplier argument; optimizer.py): runs that differ only in these compile the same step.
+_HOST_ONLY = ("steps", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
+              "loop_choices", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+              "keep_checkpoints", "keep_steps", "branch_from", "branch_step", "loop_grad_every",
+              "peak_flops")
+_MAX_SHAPES = 8
+_SHARED: collections.OrderedDict = collections.OrderedDict()
+
+
+def _shared(config: Config, mesh: jax.sharding.Mesh, build) -> tuple:
+    """(model, tx, state shardings, compiled functions) of this run's step shape, built once
+    per process: a warm sweep worker (sweep/worker.py) trains run after run, and runs of one
+    shape at other budgets, schedules or branch points then reuse the model, the optimiser
+    and every compiled function instead of tracing and compiling them again. The last
+    _MAX_SHAPES shapes are kept."""
+    key = (config.model, dataclasses.replace(config.train, **dict.fromkeys(_HOST_ONLY)),
+           tuple(d.id for d in mesh.devices.flat), tuple(mesh.shape.items()))
+    if key not in _SHARED:
+        _SHARED[key] = (*build(), {})
+        while len(_SHARED) > _MAX_SHAPES:
+            _SHARED.popitem(last=False)
+    _SHARED.move_to_end(key)
+    return _SHARED[key]
 
 
 def _boxed_state_fn(model: LoopedLM, tx, seq_len: int):
@@ -77,19 +107,28 @@ def setup(config: Config, devices=None) -> _Setup:
     if config.train.batch_size % (dp * config.train.grad_accum):
         raise UsageError(f"train.batch_size={config.train.batch_size} must be divisible by "
                          f"data-parallel size {dp} x train.grad_accum={config.train.grad_accum}")
-    model = LoopedLM(config.model)
-    tx, lr_factor = build_optimizer(config.train, config.model)
-    rng = jax.random.PRNGKey(config.seed)
-    abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len), rng)
-    shardings = mesh_lib.logical_shardings(abstract, mesh)
-    mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
-    return _Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh))
+    _, lr_factor = build_optimizer(config.train, config.model)
+
+    def build():
+        model = LoopedLM(config.model)
+        tx, _ = build_optimizer(config.train, config.model)
+        abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len),
+                                  jax.random.PRNGKey(0))
+        shardings = mesh_lib.logical_shardings(abstract, mesh)
+        mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
+        return model, tx, shardings
+
+    model, tx, shardings, compiled = _shared(config, mesh, build)
+    return _Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh),
+                  compiled)
 
 
 def init_state(s: _Setup):
-    init = _boxed_state_fn(s.model, s.tx, s.config.train.seq_len)
-    unboxed = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=s.state_shardings)
-    return unboxed(jax.random.PRNGKey(s.config.seed))
+    if "init" not in s.compiled:
+        init = _boxed_state_fn(s.model, s.tx, s.config.train.seq_len)
+        s.compiled["init"] = jax.jit(lambda rng: nn.unbox(init(rng)),
+                                     out_shardings=s.state_shardings)
+    return s.compiled["init"](jax.random.PRNGKey(s.config.seed))
 
 
 def abstract_state(s: _Setup):
@@ -248,10 +287,13 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
 
     stop = _Stop()
     previous_handler = signal.signal(signal.SIGTERM, stop)
-    steps_fns, loop_grad_fns = {}, {}
-    eval_fn = jit_eval_step(s.model, t, config.model.n_loops,
-                            param_shardings=s.state_shardings.params,
-                            batch_sharding=s.batch_sharding)
+    steps_fns = s.compiled.setdefault("train", {})
+    loop_grad_fns = s.compiled.setdefault("loop_grad", {})
+    if "eval" not in s.compiled:
+        s.compiled["eval"] = jit_eval_step(s.model, t, config.model.n_loops,
+                                           param_shardings=s.state_shardings.params,
+                                           batch_sharding=s.batch_sharding)
+    eval_fn = s.compiled["eval"]
     compile_time = 0.0
     tokens_per_step = t.batch_size * t.seq_len
     # The schedule's multiplier for every step, evaluated once (not one small dispatch a step).
