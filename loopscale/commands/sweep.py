@@ -41,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--train-command", default=None,
                        help="command that trains one run, given --config... --workdir=... "
                        "(default: this Python's `-m loopscale.cli train`)")
+    local.add_argument("--warm-workers", action=argparse.BooleanOptionalAction, default=True,
+                       help="each slot trains run after run in one warm process (JAX imported "
+                       "and each shape compiled once); off: a fresh process per run")
+    local.add_argument("--stall-timeout", type=float, default=3600.0, metavar="SECONDS",
+                       help="kill and retry a run whose metrics have not grown for this long "
+                       "(0: never)")
     cluster = p.add_argument_group("cluster launchers")
     cluster.add_argument("--script-dir", default=None,
                          help="where the launch script goes (default DIR/launch; "
@@ -94,8 +100,11 @@ def _run_local(args: argparse.Namespace, result) -> int:
         if not eq or not key:
             raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
         env.append((key, value))
+    if args.stall_timeout < 0:
+        raise UsageError(f"--stall-timeout must be >= 0, got {args.stall_timeout}")
     options = Options(concurrency=args.concurrency, max_retries=args.max_retries,
-                      train_command=train_command, env=tuple(env))
+                      train_command=train_command, env=tuple(env), warm=args.warm_workers,
+                      stall_s=args.stall_timeout)
     if args.dry_run:
         for run in result.runs:
             state = rundirs.status(rundirs.run_dir(workdir, run.run_id))

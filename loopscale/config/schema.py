@@ -257,6 +257,21 @@ class Config:
     flop_convention: FlopConvention
     name: str
 
+    @property
+    def step_shape(self) -> tuple:
+        """What the compiled train and eval steps depend on: runs equal in it share them (a
+        warm sweep worker compiles a shape once, whatever the budget, schedule or seed)."""
+        return (self.model, dataclasses.replace(self.train, **dict.fromkeys(HOST_ONLY_TRAIN)),
+                self.mesh)
+
+
+# Fields of TrainConfig that only the host loop reads (the schedule enters the step as a
+# multiplier argument; train/optimizer.py), left out of Config.step_shape.
+HOST_ONLY_TRAIN = ("steps", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
+                   "loop_choices", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                   "keep_checkpoints", "keep_steps", "branch_from", "branch_step",
+                   "loop_grad_every", "peak_flops")
+
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Converts one ConfigDict value to the dataclass field's type, or says what is wrong."""

@@ -1,9 +1,13 @@
-"""The local sweep runner: every planned run in its own `loopscale train` process, resumably.
+"""The local sweep runner: every planned run trained in a process of its own, resumably.
 
 Why processes: a run that crashes, diverges or runs out of memory cannot take the runner or
-the other runs with it, and every run gets a fresh JAX (no compiled-function caches piling up).
-They share JAX's persistent compilation cache (DIR/jax_cache), so a resumed run, or a width
-trained again at another budget, does not recompile what was compiled before.
+the other runs with it. They share JAX's persistent compilation cache (DIR/jax_cache), so a
+resumed run, or a width trained again at another budget, does not recompile what was compiled
+before. With `warm` (the CLI's default) each slot is a warm worker (worker.py) that trains run
+after run: JAX is imported once per slot and a shape's compiled steps are reused by its next
+runs; a worker whose run fails, or which dies, is replaced by a fresh one, so the guarantees
+below hold as for a process per run. `stall_s` kills (and so retries) a run whose metrics have
+not grown for that long: a hung run does not hold its slot forever.
 
 Resuming: the state of a run is what its directory says (loopscale/rundir/), never what the runner
 remembers, so killing the runner at any moment loses nothing:
@@ -24,6 +28,7 @@ checkpoint at the end of its step and exits) and waits for them; a second signal
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -39,10 +44,11 @@ from loopscale.errors import UsageError
 from loopscale.files import write_atomic
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import (
-    CHECKPOINTS, branch_source, checkpoint_steps, last_metrics_row, read_summary,
+    CHECKPOINTS, METRICS, branch_source, checkpoint_steps, last_metrics_row, read_summary,
 )
-from loopscale.rundir.status import LaunchOutcome, RunStatus
+from loopscale.rundir.status import ExitCode, LaunchOutcome, RunStatus
 from loopscale.sweep.plan import PlannedRun
+from loopscale.sweep.worker import KEEP_GOING
 
 DEFAULT_TRAIN_COMMAND = (sys.executable, "-m", "loopscale.cli", "train")
 
@@ -54,6 +60,15 @@ class Options:
     train_command: tuple[str, ...] = DEFAULT_TRAIN_COMMAND
     env: tuple[tuple[str, str], ...] = ()  # extra environment for every run
     poll_s: float = 0.5
+    # Warm workers (worker.py): each slot trains run after run in one process. Only with the
+    # default train command (a worker calls loopscale's own `train`).
+    warm: bool = False
+    # A run whose metrics.jsonl has not grown for this long is killed (and retried); 0: never.
+    stall_s: float = 0.0
+
+    @property
+    def uses_workers(self) -> bool:
+        return self.warm and tuple(self.train_command) == DEFAULT_TRAIN_COMMAND
 
 
 @dataclasses.dataclass
@@ -170,35 +185,173 @@ def prepare(run: PlannedRun, workdir: str, options: Options) -> tuple[list[str],
     return argv, env
 
 
+class _Worker:
+    """A warm worker process (worker.py) and the pipe its replies come back on."""
+
+    def __init__(self, env: dict[str, str], log_path: str):
+        read, write = os.pipe()
+        with open(log_path, "a") as log:  # what a worker says outside any run
+            # New session, as for a run's own process (see _launch).
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "loopscale.sweep.worker", f"--reply-fd={write}"],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
+                start_new_session=True, pass_fds=(write,), preexec_fn=_die_with_parent(os.getpid()))
+        os.close(write)
+        os.set_blocking(read, False)
+        self.replies, self._pending = read, b""
+        self.shapes: set[tuple] = set()  # Config.step_shape of the runs it has trained
+
+    def submit(self, argv: Sequence[str], rundir: str, log: str) -> None:
+        self.proc.stdin.write(json.dumps({"argv": list(argv), "rundir": rundir, "log": log}) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict | None:
+        try:
+            self._pending += os.read(self.replies, 65536)
+        except BlockingIOError:
+            pass
+        line, newline, rest = self._pending.partition(b"\n")
+        if not newline:
+            return None
+        self._pending = rest
+        return json.loads(line)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, timeout: float = 30.0) -> None:
+        try:
+            self.proc.stdin.close()  # end of requests: the worker exits
+            self.proc.wait(timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.replies)
+
+
 @dataclasses.dataclass
 class _Active:
+    """A run being trained, by its own process (`proc`) or by a warm worker (`worker`)."""
+
     run: PlannedRun
-    proc: subprocess.Popen
     started: float
     log: object
+    proc: subprocess.Popen | None = None
+    worker: _Worker | None = None
+    locked: bool = False  # the worker found run.lock held: not launched after all
+    returncode: int | None = None
+    last_growth: float = 0.0  # when metrics.jsonl last grew (stall_s)
+    metrics_size: int = -1
+    killed: bool = False  # by _kill_stalled
+
+    @property
+    def pid(self) -> int:  # the leader of the process group that trains the run
+        return (self.proc or self.worker.proc).pid
+
+    def poll(self) -> int | None:
+        """The run's exit status once it has ended, else None."""
+        if self.proc is not None:
+            self.returncode = self.proc.poll()
+            return self.returncode
+        reply = self.worker.reply()
+        if reply is None and not self.worker.alive:
+            # Died mid-run (a crash, the OOM killer, our SIGKILL), or replied as it exited.
+            reply = self.worker.reply() or {"rc": self.worker.proc.returncode}
+        if reply is not None:
+            self.locked = bool(reply.get("locked"))
+            self.returncode = reply.get("rc")
+            return self.returncode if not self.locked else ExitCode.OK
+        return None
 
 
-def _launch(run: PlannedRun, workdir: str, options: Options, lock_fd: int) -> _Active:
+def _launch(run: PlannedRun, workdir: str, options: Options, lock_fd: int,
+            workers: "_Workers | None" = None) -> _Active:
     argv, extra = prepare(run, workdir, options)
     rundir = rundirs.run_dir(workdir, run.run_id)
-    env = {**os.environ, **extra}
-    log = open(os.path.join(rundir, rundirs.LOG), "a")
+    log_path = os.path.join(rundir, rundirs.LOG)
+    log = open(log_path, "a")
     log.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch: {shlex.join(argv)}\n")
     log.flush()
+    if workers is not None:
+        os.close(lock_fd)  # the worker takes run.lock itself, for as long as it trains the run
+        request = (argv[len(DEFAULT_TRAIN_COMMAND) - 1:], rundir, log_path)  # from `train` on
+        worker = workers.take({**os.environ, **extra}, run.config.step_shape)
+        worker.shapes.add(run.config.step_shape)
+        try:
+            worker.submit(*request)
+        except OSError:  # it died since it last replied: a fresh one
+            worker.close()
+            worker = _Worker({**os.environ, **extra}, workers.log_path)
+            worker.submit(*request)
+        return _Active(run, time.time(), log, worker=worker)
     try:
         # New session: a Ctrl-C in the terminal reaches the runner only, which then stops the
         # runs cleanly with SIGTERM. pass_fds: the child holds run.lock for as long as it lives.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                pass_fds=(lock_fd,), preexec_fn=_die_with_parent(os.getpid()))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **extra}, stdin=subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=(lock_fd,),
+                                preexec_fn=_die_with_parent(os.getpid()))
     finally:
         os.close(lock_fd)  # the child's copy keeps the lock
-    return _Active(run, proc, time.time(), log)
+    return _Active(run, time.time(), log, proc=proc)
+
+
+class _Workers:
+    """The idle warm workers of a sweep, started on demand, at most one per slot."""
+
+    def __init__(self, workdir: str):
+        self.log_path = os.path.join(workdir, "workers.log")
+        self.idle: list[_Worker] = []
+
+    def take(self, env: dict[str, str], shape: tuple) -> _Worker:
+        """An idle worker, one that has compiled `shape` if there is one; else a new one."""
+        self.idle.sort(key=lambda w: shape in w.shapes)
+        while self.idle:
+            worker = self.idle.pop()
+            if worker.alive:
+                return worker
+            worker.close()
+        return _Worker(env, self.log_path)
+
+    def knows(self, shape: tuple) -> bool:
+        return any(shape in w.shapes for w in self.idle)
+
+    def give_back(self, worker: _Worker, reusable: bool) -> None:
+        """A worker whose run ended badly exits by itself (worker.py): wait for it."""
+        if reusable and worker.alive:
+            self.idle.append(worker)
+        else:
+            worker.close()
+
+    def close(self) -> None:
+        for worker in self.idle:
+            worker.close()
+        self.idle = []
+
+
+def _kill_stalled(active: list[_Active], workdir: str, stall_s: float) -> None:
+    """SIGKILLs the process training a run whose metrics.jsonl has not grown for stall_s
+    seconds (a hung run: the launch then fails, and is retried like any failure)."""
+    now = time.time()
+    for a in [a for a in active if not a.killed]:
+        path = os.path.join(rundirs.run_dir(workdir, a.run.run_id), METRICS)
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if size != a.metrics_size:
+            a.metrics_size, a.last_growth = size, now
+        elif now - max(a.last_growth, a.started) > stall_s:
+            a.log.write(f"==> no progress for {stall_s:.0f} s: killed\n")
+            a.log.flush()
+            a.killed = True
+            try:
+                os.killpg(a.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _finish(active: _Active, workdir: str, stopping: bool) -> LaunchOutcome:
     """Records a finished launch and returns its outcome."""
-    rc = active.proc.returncode
+    rc = active.returncode
     active.log.write(f"==> exit {rc}\n")
     active.log.close()
     rundir = rundirs.run_dir(workdir, active.run.run_id)
@@ -241,7 +394,7 @@ class _Signals:
 def _signal_all(active: list[_Active], sig: int) -> None:
     for a in active:
         try:
-            os.killpg(a.proc.pid, sig)
+            os.killpg(a.pid, sig)
         except ProcessLookupError:
             pass
 
@@ -287,10 +440,14 @@ def _unreachable(todo: list[PlannedRun], workdir: str, outcome: Outcome,
     return stuck
 
 
-def _launch_next(todo: list[PlannedRun], workdir: str, options: Options) -> _Active | None:
+def _launch_next(todo: list[PlannedRun], workdir: str, options: Options,
+                 workers: _Workers | None) -> _Active | None:
     """Launches the first run that can start and whose run.lock is free (a held one: an
     orphan is exiting)."""
-    for i, run in enumerate(todo):
+    order = list(enumerate(todo))
+    if workers is not None:  # a run an idle worker has compiled the shape of, first
+        order.sort(key=lambda item: not workers.knows(item[1].config.step_shape))
+    for i, run in order:
         if not _trunk_ready(run, workdir):
             continue
         rundir = rundirs.run_dir(workdir, run.run_id)
@@ -298,7 +455,7 @@ def _launch_next(todo: list[PlannedRun], workdir: str, options: Options) -> _Act
         fd = _try_run_lock(rundir)
         if fd is not None:
             todo.pop(i)
-            return _launch(run, workdir, options, fd)
+            return _launch(run, workdir, options, fd, workers)
     return None
 
 
@@ -314,7 +471,10 @@ def run_sweep(runs: Sequence[PlannedRun], workdir: str, options: Options,
     if progress:
         progress.start(runs, outcome)
     active: list[_Active] = []
-    with _Signals() as signals:
+    workers = _Workers(workdir) if options.uses_workers else None
+    with _Signals() as signals, contextlib.ExitStack() as cleanup:
+        if workers is not None:
+            cleanup.callback(workers.close)
         while todo or active:
             stopping = signals.count > 0
             if stopping and signals.sent == 0:
@@ -324,7 +484,7 @@ def run_sweep(runs: Sequence[PlannedRun], workdir: str, options: Options,
                 _signal_all(active, signal.SIGKILL)
                 signals.sent = 2
             while not stopping and todo and len(active) < options.concurrency:
-                launched = _launch_next(todo, workdir, options)
+                launched = _launch_next(todo, workdir, options, workers)
                 if launched is None:
                     break
                 active.append(launched)
@@ -334,8 +494,16 @@ def run_sweep(runs: Sequence[PlannedRun], workdir: str, options: Options,
                 outcome.interrupted.extend(r.run_id for r in todo)
                 break
             time.sleep(options.poll_s)
-            for a in [a for a in active if a.proc.poll() is not None]:
+            if options.stall_s and not stopping:
+                _kill_stalled(active, workdir, options.stall_s)
+            for a in [a for a in active if a.poll() is not None]:
                 active.remove(a)
+                if a.worker is not None:
+                    workers.give_back(a.worker, reusable=a.locked or a.returncode in KEEP_GOING)
+                if a.locked:  # an orphan still holds it: try again later, nothing recorded
+                    a.log.close()
+                    todo.append(a.run)
+                    continue
                 result = _finish(a, workdir, stopping)
                 rundir = rundirs.run_dir(workdir, a.run.run_id)
                 gave_up = False

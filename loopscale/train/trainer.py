@@ -67,12 +67,6 @@ class _Setup:
     compiled: dict
 
 
-# Fields of TrainConfig that only the host loop reads (the schedule enters the step as a
-# multiplier argument; optimizer.py): runs that differ only in these compile the same step.
-_HOST_ONLY = ("steps", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
-              "loop_choices", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-              "keep_checkpoints", "keep_steps", "branch_from", "branch_step", "loop_grad_every",
-              "peak_flops")
 _MAX_SHAPES = 8
 _SHARED: collections.OrderedDict = collections.OrderedDict()
 
@@ -83,8 +77,7 @@ def _shared(config: Config, mesh: jax.sharding.Mesh, build) -> tuple:
     shape at other budgets, schedules or branch points then reuse the model, the optimiser
     and every compiled function instead of tracing and compiling them again. The last
     _MAX_SHAPES shapes are kept."""
-    key = (config.model, dataclasses.replace(config.train, **dict.fromkeys(_HOST_ONLY)),
-           tuple(d.id for d in mesh.devices.flat), tuple(mesh.shape.items()))
+    key = (config.step_shape, tuple(d.id for d in mesh.devices.flat), tuple(mesh.shape.items()))
     if key not in _SHARED:
         _SHARED[key] = (*build(), {})
         while len(_SHARED) > _MAX_SHAPES:
