@@ -17,6 +17,7 @@ one was bad input, which no retry can fix).
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 from loopscale.files import append_jsonl, read_jsonl
@@ -30,6 +31,19 @@ COMMAND = "command.sh"
 ATTEMPTS = "attempts.jsonl"
 LOG = "train.log"
 RUN_LOCK = "run.lock"
+
+
+def try_lock_run(rundir: str) -> int | None:
+    """An fd holding an exclusive flock on the run's run.lock, or None if another process
+    (a training process, a worker, an orphan of a killed runner) holds it. The kernel drops
+    the lock when its holder dies."""
+    fd = os.open(os.path.join(rundir, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def run_dir(workdir: str, run_id: str) -> str:

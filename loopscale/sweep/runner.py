@@ -115,17 +115,6 @@ class SweepLock:
             self.fd = None
 
 
-def _try_run_lock(rundir: str) -> int | None:
-    """An fd holding run.lock, or None if a training process (maybe an orphan) holds it."""
-    fd = os.open(os.path.join(rundir, rundirs.RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def _die_with_parent(parent: int) -> Callable[[], None]:
     """preexec_fn: the child gets SIGTERM when the runner dies, even by SIGKILL (Linux)."""
 
@@ -452,7 +441,7 @@ def _launch_next(todo: list[PlannedRun], workdir: str, options: Options,
             continue
         rundir = rundirs.run_dir(workdir, run.run_id)
         os.makedirs(rundir, exist_ok=True)
-        fd = _try_run_lock(rundir)
+        fd = rundirs.try_lock_run(rundir)
         if fd is not None:
             todo.pop(i)
             return _launch(run, workdir, options, fd, workers)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import sys
@@ -59,21 +58,11 @@ def _output_to(path: str) -> Iterator[None]:
             os.close(f)
 
 
-def _lock(rundir: str) -> int | None:
-    fd = os.open(os.path.join(rundir, rundirs.RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def train_one(argv: list[str], rundir: str, log: str) -> dict:
     """Trains one run in this process; the reply to send."""
     from loopscale import cli
 
-    lock = _lock(rundir)
+    lock = rundirs.try_lock_run(rundir)
     if lock is None:
         return {"locked": True}
     try:
