@@ -24,5 +24,10 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/loopscale demo --workdir=runs/demo
 
+# The performance table: every figure a ratio measured side by side in one process (loopscale
+# bench); writes runs/bench/results.json and results.md, under 10 minutes on this machine.
+bench: $(STAMP)
+	$(BIN)/loopscale bench --out=runs/bench
+
 clean:
 	rm -rf $(VENV) .pytest_cache

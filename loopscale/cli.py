@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Sequence
 
 from loopscale.commands import (
+    bench,
     collect,
     compile,
     coordcheck,
@@ -29,7 +30,8 @@ from loopscale.commands import (
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS = (flops, fit, report, coordcheck, train, compile, plan, sweep, collect, demo)
+COMMANDS = (flops, fit, report, coordcheck, train, compile, plan, sweep, collect, demo,
+            bench)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,261 @@
+"""The figures of `loopscale bench`, one function each: what is divided by what, and how.
+
+Every function takes the shared `Context` (the scale, and the compiled steps already built, so
+a step used by two figures is compiled once) and returns a result.Figure. `FIGURES` lists them
+in the order of the table, with their targets (issue 10 of the project's tracker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+
+from loopscale.bench import lean, steps, sweep_share, timing, torch_ref
+from loopscale.bench.result import SKIPPED, Figure, Target, measured, not_measured
+from loopscale.bench.scale import Scale
+from loopscale.bench.timing import Timing
+
+
+@dataclasses.dataclass
+class Context:
+    scale: Scale
+    _steps: dict = dataclasses.field(default_factory=dict)
+
+    def config(self, name: str, *overrides: str):
+        return steps.load(name, [*self.scale.shape_overrides(), *overrides])
+
+    def step(self, name: str, *overrides: str) -> steps.TrainStep:
+        """The trainer's compiled step of experiments/NAME at this scale (built once)."""
+        key = (name, overrides)
+        if key not in self._steps:
+            self._steps[key] = steps.TrainStep(self.config(name, *overrides))
+        return self._steps[key]
+
+    def time(self, variants: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+        return timing.interleaved(variants, self.scale.reps, self.scale.warmup)
+
+    def how(self) -> str:
+        s = self.scale
+        return (f"medians of {s.reps} interleaved steps after {s.warmup} warm-up; "
+                f"{s.describe()}")
+
+
+def _spec(name: str, *overrides: str) -> str:
+    flags = " ".join(o.replace("--config.", "") for o in overrides)
+    return f"{name}{' ' + flags if flags else ''}"
+
+
+def _times(timings: dict[str, Timing], **compile_s: float) -> dict:
+    out = {f"{name}_step": t.to_json() for name, t in timings.items()}
+    out.update({f"{name}_compile_s": s for name, s in compile_s.items()})
+    return out
+
+
+def _fastest_ratio(timings: dict[str, Timing], num: str, den: str) -> float:
+    """The ratio of the fastest samples: beside the medians' when other processes share the
+    cores (a busy machine slows some samples by whole scheduler slices)."""
+    return min(timings[num].samples) / min(timings[den].samples)
+
+
+def _step_ratio(ctx: Context, key: str, title: str, target: Target, num: tuple, den: tuple,
+                what: str) -> Figure:
+    """num step / den step, each (experiment, *overrides), timed side by side."""
+    a, b = ctx.step(*num), ctx.step(*den)
+    t = ctx.time({"num": a, "den": b})
+    note = f"{what}: {_spec(*num)} / {_spec(*den)}; trainer.jit_train_step; {ctx.how()}"
+    return measured(key, title, target, timing.ratio(t, "num", "den"), note,
+                    {**_times(t, num=a.compile_s, den=b.compile_s),
+                     "ratio_of_fastest": _fastest_ratio(t, "num", "den")})
+
+
+# ---------------------------------------------------------------- the figures
+
+def base_vs_lean(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    base = ctx.step("base.py:tiny", f"--config.model.n_unique={ctx.scale.layers}")
+    ref = lean.LeanStep(base.config, steps.synthetic_batch(base.config))
+    t = ctx.time({"base": base, "lean": ref})
+    note = (f"{_spec('base.py:tiny', f'n_unique={ctx.scale.layers}')} (scanned, muP, the "
+            "trainer's metrics) / loopscale/bench/lean.py (the same layers as a Python loop, "
+            f"optax.adamw, loss only); {ctx.how()}")
+    return measured(key, title, target, timing.ratio(t, "base", "lean"), note,
+                    {**_times(t, base=base.compile_s, lean=ref.compile_s),
+                     "ratio_of_fastest": _fastest_ratio(t, "base", "lean")})
+
+
+def scan_vs_unrolled(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    looped = ("looped.py:tiny", f"--config.model.n_unique={ctx.scale.base_layers // 2}")
+    return _step_ratio(ctx, key, title, target, looped,
+                       (*looped, "--config.model.scan=false"), "scan=true / scan=false")
+
+
+def compile_loops(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    few, many = ctx.scale.compile_loops
+    configs = {k: ctx.config(f"flt.py:tiny,{k}") for k in (few, many)}
+    t = timing.interleaved_samples(
+        {f"loops_{k}": (lambda c=c: steps.compile_seconds(c)) for k, c in configs.items()},
+        ctx.scale.compile_reps, warmup=min(1, ctx.scale.warmup))
+    note = (f"lower + compile of a fresh jax.jit(trainer's step) on abstract inputs, "
+            f"flt.py:tiny,{many} / flt.py:tiny,{few} (2 layers a loop, scanned), medians of "
+            f"{ctx.scale.compile_reps} interleaved compiles after a warm-up of each, persistent "
+            f"compilation cache off; {ctx.scale.describe()}")
+    return measured(key, title, target, timing.ratio(t, f"loops_{many}", f"loops_{few}"), note,
+                    {f"{name}_compile": v.to_json() for name, v in t.items()})
+
+
+def looped_vs_base(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    n = ctx.scale.base_layers
+    return _step_ratio(ctx, key, title, target,
+                       ("looped.py:tiny", f"--config.model.n_unique={n // 2}"),
+                       ("base.py:tiny", f"--config.model.n_unique={n}"),
+                       f"same effective depth {n}, scanned")
+
+
+def flt_vs_lt(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    spec = f"flt.py:tiny,{ctx.scale.flt_loops}"
+    return _step_ratio(ctx, key, title, target,
+                       (spec, "--config.model.injection=flt"),
+                       (spec, "--config.model.injection=none"), "injection flt / none")
+
+
+def moe_vs_dense(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    depth = f"--config.model.n_unique={ctx.scale.layers}"
+    dense = ctx.step("base.py:tiny", depth)
+    moe = {d: ctx.step("moe.py:tiny", depth, f"--config.model.moe_dispatch={d}")
+           for d in ("dropless", "capacity")}
+    t = ctx.time({"dense": dense, **moe})
+    ratios = {d: timing.ratio(t, d, "dense") for d in moe}
+    best = min(ratios, key=ratios.get)
+    cap = moe["capacity"].config.model.capacity_factor
+    note = (f"the better of dropless {ratios['dropless']:.2f} and capacity {ratios['capacity']:.2f}"
+            f" (factor {cap}): moe.py:tiny (top-2 of 8, expert width d_ff/2, so active FFN "
+            f"FLOPs equal the dense FFN's) / base.py:tiny, {ctx.scale.layers} layers each; on a "
+            f"CPU the dropless ragged_dot runs every expert densely; {ctx.how()}")
+    return measured(key, title, target, ratios[best], note,
+                    {**_times(t, dense=dense.compile_s, dropless=moe["dropless"].compile_s,
+                              capacity=moe["capacity"].compile_s),
+                     "ratio_dropless": ratios["dropless"], "ratio_capacity": ratios["capacity"],
+                     "better": best})
+
+
+def remat_memory(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    spec = f"flt.py:tiny,{ctx.scale.memory_loops}"
+    mem = {r: steps.step_memory(ctx.config(spec, f"--config.model.remat={r}"))
+           for r in ("loop", "none")}
+    loop, none = mem["loop"], mem["none"]
+    note = (f"XLA's buffer assignment of the compiled step (compiled.memory_analysis(): "
+            f"arguments + outputs - aliased + temporaries + code), {spec} remat=loop / "
+            f"remat=none: {loop['total'] / 1e6:.0f} MB / {none['total'] / 1e6:.0f} MB; "
+            f"temporaries alone {loop['temporaries'] / none['temporaries']:.3f}; "
+            f"{ctx.scale.describe()}")
+    return measured(key, title, target, loop["total"] / none["total"], note,
+                    {"remat_loop_bytes": loop, "remat_none_bytes": none})
+
+
+def data_vs_step(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    from loopscale import data as data_lib
+
+    step = ctx.step("base.py:tiny", f"--config.model.n_unique={ctx.scale.layers}")
+    c = step.config
+    it = data_lib.make_dataset(c.data, c.train, c.seed, "train").iterator()
+    next(it)  # builds (or reads back) the packed corpus before the clock starts
+    n = ctx.scale.data_batches
+
+    def batches() -> float:
+        return timing.stopwatch(lambda: [next(it) for _ in range(n)])() / n
+
+    t = timing.interleaved_samples({"data": batches, "step": timing.stopwatch(step)},
+                                   ctx.scale.reps, ctx.scale.warmup)
+    tokens = step.tokens
+    note = (f"next() of make_dataset({c.data.source.value}, {c.data.tokenizer}: the KJV text "
+            f"packed) iterator, {n} batches a round, against the base.py:tiny step "
+            f"({ctx.scale.layers} layers) on the same {c.train.batch_size} x "
+            f"{c.train.seq_len} batch; {ctx.how()}")
+    return measured(key, title, target, timing.ratio(t, "step", "data"), note,
+                    {"data_batch": t["data"].to_json(), "train_step": t["step"].to_json(),
+                     "data_tokens_per_s": tokens / t["data"].median,
+                     "step_tokens_per_s": tokens / t["step"].median})
+
+
+def sweep_time_share(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    s = ctx.scale
+    if s.sweep is None:
+        return not_measured(key, title, target, SKIPPED,
+                            f"skipped: no sweep at the {s.name} scale", percent=True)
+    from loopscale.commands.demo import default_sweep
+
+    sweep_file = default_sweep()
+    with tempfile.TemporaryDirectory(prefix="loopscale-bench-sweep-") as workdir:
+        wall = sweep_share.run_subsweep(sweep_file, workdir, s.sweep, s.sweep_concurrency)
+        figures = sweep_share.share(workdir, wall, s.sweep_concurrency)
+    note = (f"`loopscale sweep --sweep={os.path.relpath(sweep_file)} {' '.join(s.sweep)} "
+            f"--concurrency={s.sweep_concurrency}` in a fresh directory ({figures['runs']} runs, "
+            f"{figures['steps']} steps, {wall:.0f} s): sum of the runs' step_time_s / "
+            f"(concurrency x wall time); over the runs' own wall time "
+            f"{100 * figures['share_of_runs']:.0f}%; compiles "
+            f"{100 * figures['compile_share_of_sweep']:.0f}% of the sweep")
+    return measured(key, title, target, figures["share_of_sweep"], note, figures, percent=True)
+
+
+def jax_vs_torch(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    if not torch_ref.available():
+        return not_measured(key, title, target, SKIPPED,
+                            "skipped: torch not installed (`pip install torch`, the CPU-only "
+                            "build is enough)")
+    spec = (f"flt.py:tiny,{ctx.scale.flt_loops}", "--config.model.injection=flt")
+    jax_step = ctx.step(*spec)
+    torch_step = torch_ref.make_step(jax_step.config)
+    t = ctx.time({"jax": jax_step, "torch": torch_step})
+    fastest = _fastest_ratio(t, "jax", "torch")
+    note = (f"{_spec(*spec)} (trainer.jit_train_step) / loopscale/bench/torch_ref.py, a minimal "
+            f"eager re-implementation of the FLT authors' model (their code is not vendored), "
+            f"AdamW, {torch_ref.version()}; {ctx.how()}; fastest samples' ratio "
+            f"{fastest:.2f}")
+    return measured(key, title, target, timing.ratio(t, "jax", "torch"), note,
+                    {**_times(t, jax=jax_step.compile_s), "ratio_of_fastest": fastest})
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    key: str
+    title: Callable[[Scale], str]
+    target: Target
+    measure: Callable[[Context, str, str, Target], Figure]
+    percent: bool = False
+
+
+def at_most(value: float, text: str | None = None) -> Target:
+    return Target("<=", value, text or f"<= {value:.2f}")
+
+
+FIGURES = (
+    Spec("base_vs_lean", lambda s: "Base train step / lean plain-JAX step of the same shape",
+         at_most(1.0), base_vs_lean),
+    Spec("scan_vs_unrolled",
+         lambda s: f"looped step ({s.base_layers // 2}x2), scanned / unrolled",
+         at_most(1.05), scan_vs_unrolled),
+    Spec("compile_loops",
+         lambda s: f"compile time of the train step, {s.compile_loops[1]} loops / "
+                   f"{s.compile_loops[0]} loops (scanned)",
+         at_most(1.3), compile_loops),
+    Spec("looped_vs_base",
+         lambda s: f"Looped {s.base_layers // 2}x2 / Base {s.base_layers} step",
+         at_most(1.05), looped_vs_base),
+    Spec("flt_vs_lt", lambda s: "FLT / original LT step (injection flt / none)",
+         at_most(1.05), flt_vs_lt),
+    Spec("moe_vs_dense",
+         lambda s: "MoE top-2 of 8 / dense step at equal active FLOPs (better of dropless, "
+                   "capacity)",
+         at_most(1.3), moe_vs_dense),
+    Spec("remat_memory",
+         lambda s: f"peak memory at {s.memory_loops} loops, loop remat / none",
+         at_most(1 / 3, "<= 1/3"), remat_memory),
+    Spec("data_vs_step", lambda s: "data pipeline tokens/s / train-step tokens/s, same batch",
+         Target(">=", 10.0, ">= 10"), data_vs_step),
+    Spec("sweep_time_share", lambda s: "share of a sweep's wall time spent in train steps",
+         Target(">=", 0.70, ">= 70%"), sweep_time_share, percent=True),
+    Spec("jax_vs_torch",
+         lambda s: "looped JAX step / FLT authors' PyTorch eager step of the same model",
+         at_most(1.5, "reported; stretch <= 1.5"), jax_vs_torch),
+)
