@@ -262,7 +262,7 @@ def test_slurm_task_runs_its_command(runs, tmp_path):
 
 def test_sweep_command_writes_or_prints_scripts(tmp_path):
     base = [sys.executable, "-m", "loopscale.cli", "sweep", "--sweep=sweeps/isoflop_cpu.py",
-            "--sweep.select=base"]
+            "--sweep.select=base", "--sweep.branches=False"]  # launch scripts: no branches yet
     dry = subprocess.run([*base, "--workdir=gs://b/x", "--launcher=slurm", "--dry-run"],
                          capture_output=True, text=True, cwd=os.getcwd())
     assert dry.returncode == 0, dry.stderr
@@ -275,7 +275,7 @@ def test_sweep_command_writes_or_prints_scripts(tmp_path):
     script_path = workdir / "launch" / "tpu-pod.sh"
     assert os.access(script_path, os.X_OK)
     assert (workdir / "plan.csv").exists()
-    planned = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs
+    planned = plan(load_sweep("sweeps/isoflop_cpu.py", base[5:])).runs
     assert len(list((workdir / "runs").iterdir())) == len(planned)  # run.json each, for collect
     local = subprocess.run([*base, "--workdir=gs://b/x"], capture_output=True, text=True)
     assert local.returncode == 2 and "--launcher" in local.stderr

@@ -29,20 +29,11 @@ from loopscale.errors import UsageError
 from loopscale.sweep.packing import Need, Slice
 from loopscale.sweep.plan import Plan, PlannedRun, to_json
 
-# Train fields that do not change the compiled step: the schedule enters the step as a
-# multiplier argument (README, Training), and the rest is when to log, evaluate or save.
-SCHEDULE_FIELDS = frozenset({
-    "steps", "lr", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
-    "log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints",
-    "peak_flops",
-})
-
-
 def shape_key(config: Config) -> str:
-    """Equal for configs whose train steps compile to the same program."""
-    train = {k: v for k, v in to_json(config.train).items() if k not in SCHEDULE_FIELDS}
-    text = json.dumps({"model": to_json(config.model), "mesh": to_json(config.mesh),
-                       "train": train}, sort_keys=True, separators=(",", ":"))
+    """Equal for configs whose train steps compile to programs of the same memory and cost:
+    Config.step_shape, less the LR (a constant inside the program, of no weight in either)."""
+    shape = dataclasses.replace(config, train=dataclasses.replace(config.train, lr=0.0))
+    text = json.dumps(to_json(shape.step_shape), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
