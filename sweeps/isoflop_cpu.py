@@ -28,13 +28,18 @@ What it shows, measured (one seed): loss falls with the budget for every family 
 2.65, 2.16, 1.88 nats at 1e10, 3e10, 1e11), but the curves across widths are not yet
 resolved: seed noise here is 0.1-0.17 nats (std over 4 seeds: Base d 4, 8, 16 at their 3e10 or
 1e11 step counts, 0.11, 0.17, 0.17 at LR 1.2e-2; a lower LR does not remove it: 0.15 at 6e-3),
-as large as the differences between neighbouring widths, so 6 of the 12 (family, budget)
-curves have their minimum on an edge or are not convex and `loopscale fit` leaves them out,
-and the exponents' intervals span most of (0, 1) or more. Resolving a 0.05-nat difference
-between widths at this noise takes about (2 x 0.15 / 0.05)^2 = 36 seeds a point (the
-one-seed sweep's 10 minutes x 36), or models and budgets large enough that a run's loss
-settles; the compute that branches save buys seeds. The study's grid is
-sweeps/isoflop_paper.py.
+as large as the differences between neighbouring widths, so 5 of the 12 (family, budget)
+curves have their minimum on an edge (Base at 1e10) or are not convex (Base, Looped and MoE at
+1e11, Looped-MoE at 3e10) and `loopscale fit` leaves them out: Base gets no IsoFLOP fit, the
+other families' a and b have intervals spanning most of (-0.1, 1.1), and the parametric
+exponents' intervals are wider than 1. Resolving a 0.05-nat difference between widths at this
+noise takes about (2 x 0.15 / 0.05)^2 = 36 seeds a point (this sweep's 9 minutes x 36), or
+models and budgets large enough that a run's loss settles; the compute that branches save buys
+seeds. The study's grid is sweeps/isoflop_paper.py.
+
+Time: 9 min 8 s for sweep + collect + report (`loopscale demo`, 2 warm workers) on this 2-core
+machine; train steps are 58% of the runs' wall time (567 of 984 s), compiling (a width's first
+run on each worker) 13%, the rest start-up, evaluation and checkpoints.
 """
 
 from ml_collections import ConfigDict
