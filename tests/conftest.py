@@ -14,3 +14,18 @@ quiet_libtpu()  # libtpu is installed for the TPU compile tests; keep its start-
 import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
+
+# The longest files first. `make test` runs files on two workers (pytest-xdist, --dist
+# loadfile), handing out files in collection order; alphabetically the longest one
+# (test_weak_scaling.py, minutes of TPU compiles) came last, and one worker then ran it alone
+# while the other idled. Starting with the longest balances the two.
+LONGEST_FIRST = ("test_weak_scaling.py", "test_compile.py", "test_coordcheck.py",
+                 "test_faults.py", "test_train.py", "test_sweep_train.py", "test_bench.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's own order is kept
