@@ -20,6 +20,7 @@ from loopscale.commands import (
     compile,
     coordcheck,
     demo,
+    eval,
     fit,
     flops,
     plan,
@@ -30,7 +31,7 @@ from loopscale.commands import (
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS = (flops, fit, report, coordcheck, train, compile, plan, sweep, collect, demo,
+COMMANDS = (flops, fit, report, coordcheck, train, eval, compile, plan, sweep, collect, demo,
             bench)
 
 

@@ -59,4 +59,4 @@ def evaluate(step, params, eval_ds, batch_sharding) -> dict:
         totals = out["loss_sum_per_loop"] if totals is None else totals + out["loss_sum_per_loop"]
         weight += float(out["weight"])
     per_loop = (np.asarray(totals) / max(weight, 1.0)).tolist()
-    return {"eval_loss": per_loop[-1], "eval_loss_per_loop": per_loop}
+    return {"eval_loss": per_loop[-1], "eval_loss_per_loop": per_loop, "eval_tokens": weight}

@@ -81,6 +81,20 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def read_evals(rundir: str | os.PathLike) -> dict[str, float]:
+    """The top-level numbers of the run's eval/NAME.json files, as {"NAME_KEY": value} (what
+    `collect` adds as columns, so a sweep's frontiers can be drawn on any of them)."""
+    folder = epath.Path(rundir) / EVAL
+    out: dict[str, float] = {}
+    if not folder.exists():
+        return out
+    for path in sorted(folder.glob("*.json")):
+        for key, value in (read_json(path) or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{path.stem}_{key}"] = value
+    return out
+
+
 def checkpoint_steps(directory: str | os.PathLike) -> list[int]:
     """The steps of the finished checkpoints in a checkpoints/ folder, ascending (no JAX or
     orbax needed). Orbax writes a step under a temporary name and renames it when complete,

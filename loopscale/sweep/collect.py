@@ -16,6 +16,9 @@ state: `pending` (never started), `running` (training, or interrupted), `complet
                       the sweep says otherwise); params_unique, params_effective, params_active
                       are all there for `loopscale fit --params-column`
     attempts          launches the local runner recorded (failed or interrupted ones included)
+    NAME_KEY          each top-level number of the run's eval/NAME.json (`loopscale eval`),
+                      e.g. ppl_loss, loops_loss_at_trained (with the grid fields, after
+                      the shape columns)
     workdir           the run directory
 """
 
@@ -31,7 +34,7 @@ from etils import epath
 from loopscale.errors import UsageError
 from loopscale.files import read_json
 from loopscale.rundir import sweep as rundirs
-from loopscale.rundir.run import read_config, read_summary
+from loopscale.rundir.run import read_config, read_evals, read_summary
 from loopscale.rundir.status import RunStatus
 from loopscale.sweep.plan import PLAN_COLUMNS, write_rows
 
@@ -91,6 +94,7 @@ def result_row(plan: dict, rundir: epath.Path) -> dict:
     point = row.get("role") != "trunk"
     row["loss"] = row["final_eval_loss"] if row["status"] == RunStatus.COMPLETED and point else None
     row["attempts"] = len(rundirs.attempts(rundir))
+    row.update(read_evals(rundir))  # eval/NAME.json figures as NAME_KEY columns
     row["workdir"] = str(rundir)
     return row
 

@@ -1,0 +1,72 @@
+"""`loopscale eval`: measurements of a run's checkpoint on its held-out split, written into
+the run directory, resumable, and collected as columns."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import trainkit
+
+from loopscale.cli import main
+from loopscale.sweep.collect import collect_dir
+from loopscale.train.trainer import train
+
+FIXTURE = Path(__file__).parent / "fixtures" / "rundirs_fb4f2b5" / "killed"
+
+
+def test_ppl_and_loops_of_a_checkpoint(tmp_path, capsys):
+    """The run of the old-format fixture, killed at step 4 (its step-4 evaluation is in its
+    metrics): eval of that checkpoint on the same held-out batches gives the same loss."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    logged = [r for r in trainkit.metric_rows(run) if "eval_loss" in r][-1]
+    assert main(["eval", f"--workdir={run}", "--what=ppl,loops"]) == 0
+    ppl = json.loads((run / "eval" / "ppl.json").read_text())
+    assert ppl["checkpoint_step"] == 4 and ppl["batches"] == 2
+    assert ppl["loss"] == pytest.approx(logged["eval_loss"], rel=1e-5)
+    assert ppl["ppl"] == pytest.approx(2.718281828 ** ppl["loss"], rel=1e-6)
+    loops = json.loads((run / "eval" / "loops.json").read_text())
+    assert loops["loop_counts"] == [1, 2] and loops["trained_loops"] == 1
+    assert loops["loss_at_trained"] == pytest.approx(ppl["loss"], rel=1e-6)
+    assert loops["loss"][1] != loops["loss"][0]  # the stack run twice is another model
+    for name in ("ppl", "loops"):
+        assert (run / "eval" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    # Up to date: a second call measures nothing (the files are not rewritten).
+    before = (run / "eval" / "ppl.json").stat().st_mtime_ns
+    assert main(["eval", f"--workdir={run}", "--what=ppl"]) == 0
+    assert (run / "eval" / "ppl.json").stat().st_mtime_ns == before
+    # collect carries the figures as columns.
+    row = collect_dir(str(run))[0]
+    assert row["ppl_loss"] == ppl["loss"] and row["loops_loss_at_trained"] == ppl["loss"]
+
+
+@pytest.mark.slow
+def test_loops_of_a_looped_run_at_every_count(tmp_path):
+    corpus = trainkit.write_corpus(str(tmp_path / "text"))
+    cfg = trainkit.config("looped", corpus, str(tmp_path / "cache"),
+                          **{"train.steps": 4, "train.checkpoint_every": 0})
+    assert train(cfg, str(tmp_path / "run")) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert main(["eval", f"--workdir={tmp_path / 'run'}", "--what=loops,ppl"]) == 0
+    loops = json.loads((tmp_path / "run" / "eval" / "loops.json").read_text())
+    k = cfg.model.n_loops
+    assert loops["loop_counts"] == list(range(1, 2 * k + 1))
+    # At the trained count: the trainer's own final evaluation, per exit too.
+    assert loops["loss_at_trained"] == pytest.approx(summary["final_eval_loss"], rel=1e-5)
+    ppl = json.loads((tmp_path / "run" / "eval" / "ppl.json").read_text())
+    assert ppl["loss_per_exit"] == pytest.approx(summary["eval_loss_per_loop"], rel=1e-5)
+
+
+@pytest.mark.parametrize("args,phrase", [
+    (["--what=early_exit"], "--what=early_exit is not built yet"),
+    (["--what=nope"], "--what=nope is not a measurement"),
+    (["--what=ppl", "--step=3"], "no checkpoint at step 3 (there are: 4)"),
+])
+def test_bad_eval_requests_exit_2_in_one_line(tmp_path, capsys, args, phrase):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    assert main(["eval", f"--workdir={run}", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and phrase in err[0], err
+    assert not (run / "eval").exists()
