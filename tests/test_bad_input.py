@@ -92,6 +92,11 @@ CATALOGUE = [
     (["flops", "--config={bad}/missing.py"], "no such file"),
     (["flops", "--config=experiments/base.py:tiny", "--config.model.nope=1"],
      "unknown config field in config.model.nope"),
+    # Measurements that do not exist, wherever they are named.
+    (["plan", "--sweep=sweeps/permutation.py", "--sweep.measure=ppl,nope",
+      "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops)"),
+    (["train", "--config=experiments/base.py:tiny", "--eval=early_exit", "--workdir={tmp}/run"],
+     "--eval=early_exit is not built yet"),
     # Results tables that cannot be fitted, for both commands that fit.
     *[([command, "{bad}/two_rows.csv", out], "two_rows.csv: nothing could be fitted (family "
        "base: no parametric fit: 2 runs")

@@ -86,6 +86,7 @@ def get_config(arg=None):
     s.warmup_frac = 0.05
     s.evals, s.checkpoints = 1, 1
     s.branches = True
+    s.measure = "ppl"
     return s
 '''
 
@@ -121,6 +122,7 @@ def test_plan_marks_trunks_and_branches_and_counts_their_flops(sweep_file):
     key = lambda r: (r.budget, r.config.model.d_model)  # noqa: E731
     assert sorted(map(key, branches)) == sorted(map(key, alone))
     assert {key(b): b.row["flops"] for b in branches} == {key(a): a.row["flops"] for a in alone}
+    assert branches[0].train_args("RUN")[-2:] == ["--workdir=RUN", "--eval=ppl"]  # every launcher
     spent = sum(r.row["flops_spent"] for r in branched)
     assert spent < 0.8 * sum(r.row["flops_spent"] for r in alone)
 
@@ -140,6 +142,8 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
     assert all(r["loss"] is None for r in rows if r["role"] == "trunk")
     for r in points:  # each point's run spent its whole budget, trunk steps included
         assert float(r["flops"]) == pytest.approx(float(r["budget"]), rel=0.05)
+        # `measure`: each run measured as it completed (eval/ppl.json), collected as columns.
+        assert r["ppl_loss"] == pytest.approx(r["final_eval_loss"], rel=1e-5)
     # A launch script cannot order branches after trunks yet: refused in one line.
     assert main(["sweep", f"--sweep={sweep_file}", f"--workdir={tmp_path / 'slurm'}",
                  "--launcher=slurm", "--dry-run"]) == 2

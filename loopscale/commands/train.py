@@ -14,12 +14,17 @@ import os
 import jax
 
 from loopscale.commands.common import add_config_arg, load_experiment
+from loopscale.rundir.run import read_summary
+from loopscale.rundir.status import RunStatus
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train one run; resumes if DIR holds a checkpoint")
     add_config_arg(p)
     p.add_argument("--workdir", required=True, help="run directory (local or any etils.epath path)")
+    p.add_argument("--eval", default="", metavar="WHAT",
+                   help="`loopscale eval` measurements to take once the run has completed "
+                   "(e.g. ppl,loops), in the same process")
     p.add_argument("--coordinator", default=os.environ.get("JAX_COORDINATOR_ADDRESS"),
                    help="HOST:PORT of process 0, for multi-process runs")
     p.add_argument("--num-processes", type=int, default=_env_int("JAX_NUM_PROCESSES"))
@@ -48,5 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.train.trainer import train
 
     config = load_experiment(args)  # bad config: exit 2 before any device or file is touched
+    what = ()
+    if args.eval:
+        from loopscale.evaluate.suite import parse_what
+
+        what = parse_what(args.eval, "--eval")
     initialize_distributed(args)
-    return train(config, args.workdir)
+    code = train(config, args.workdir)
+    if what and code == 0 and RunStatus.of(read_summary(args.workdir)) is RunStatus.COMPLETED:
+        from loopscale.evaluate.suite import evaluate_run
+
+        evaluate_run(args.workdir, what)
+    return code

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import jax
+
 from loopscale.errors import UsageError
 from loopscale.evaluate.measures import MEASURES, Loaded, Measure
 from loopscale.files import read_json, write_atomic, write_json
@@ -26,19 +28,20 @@ from loopscale.train.mesh import make_mesh
 NOT_YET = ("early_exit", "jsd", "routing", "accuracy", "lens", "probes", "patching", "mc")
 
 
-def parse_what(spec: str) -> tuple[Measure, ...]:
+def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
+    """Measurement names (comma-separated) -> Measures; UsageError naming `where` if bad."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
-        raise UsageError("--what names no measurement")
+        raise UsageError(f"{where} names no measurement")
     out = []
     for name in names:
         if name in NOT_YET:
-            raise UsageError(f"--what={name} is not built yet (built: "
+            raise UsageError(f"{where}={name} is not built yet (built: "
                              f"{', '.join(m.value for m in Measure)})")
         try:
             out.append(Measure(name))
         except ValueError:
-            raise UsageError(f"--what={name} is not a measurement (built: "
+            raise UsageError(f"{where}={name} is not a measurement (built: "
                              f"{', '.join(m.value for m in Measure)})") from None
     return tuple(dict.fromkeys(out))
 
@@ -67,10 +70,10 @@ def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
             loaded = Loaded(config, step, params, mesh, n)
         measure_fn, plot = MEASURES[measure]
         result = {"checkpoint_step": step, "batches": loaded.batches, **measure_fn(loaded)}
-        fig = plot(result, f"{loaded.config.name} at step {step}: {measure.value}")
-        png = _png(fig)
-        write_atomic(paths[measure].removesuffix(".json") + ".png", png)
-        write_json(paths[measure], result)
+        if jax.process_index() == 0:  # every process measures (sharded); one writes
+            fig = plot(result, f"{loaded.config.name} at step {step}: {measure.value}")
+            write_atomic(paths[measure].removesuffix(".json") + ".png", _png(fig))
+            write_json(paths[measure], result)
     return paths
 
 

@@ -62,7 +62,7 @@ def _join(path: str, *parts: str) -> str:
 
 def train_args(run: PlannedRun, workdir: str) -> list[str]:
     """The arguments of `loopscale train` for one run (the same as the local runner's)."""
-    return [*run.config_args(), f"--workdir={_join(workdir, 'runs', run.run_id)}"]
+    return run.train_args(_join(workdir, "runs", run.run_id))
 
 
 def _header(name: str, runs: Sequence[PlannedRun], workdir: str, how: str) -> str:

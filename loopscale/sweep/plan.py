@@ -66,11 +66,17 @@ class PlannedRun:
     overrides: Overrides  # (dotted field, value), each field once
     config: Config
     row: dict  # the plan table's row
+    measure: tuple[str, ...] = ()  # `loopscale eval` measurements once it completes
 
     def config_args(self) -> list[str]:
         """`--config=...` and its overrides: the arguments of `loopscale train`, less workdir."""
         return [f"--config={self.experiment}",
                 *(f"--config.{k}={format_value(v)}" for k, v in self.overrides)]
+
+    def train_args(self, rundir: str) -> list[str]:
+        """The arguments of `loopscale train` for this run in `rundir` (every launcher's)."""
+        evals = [f"--eval={','.join(self.measure)}"] if self.measure else []
+        return [*self.config_args(), f"--workdir={rundir}", *evals]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +292,10 @@ def plan(sweep: Sweep, peak_flops: float | None = None, mfu: float | None = None
     mfu = mfu or sweep.mfu
     if peak <= 0 or not 0 < mfu <= 1:
         raise UsageError("--peak-flops must be positive and --mfu in (0, 1]")
+    if sweep.measure:
+        from loopscale.evaluate.suite import parse_what
+
+        parse_what(",".join(sweep.measure), "sweep.measure")  # names checked before anything is planned
     keyed: list[tuple[tuple, PlannedRun]] = []
     notes: list[str] = []
     grid_points = list(itertools.product(*[[(f, v) for v in vals] for f, vals in sweep.grid]))
@@ -342,7 +352,7 @@ class _Context:
         row = plan_row(config, family.name, budget, self.sweep.shape.params, self.grid,
                        family.experiment, overrides, self.peak, self.mfu, role)
         return PlannedRun(row["run_id"], family.name, budget, family.experiment, overrides,
-                          config, row)
+                          config, row, self.sweep.measure)
 
 
 def _standalone(ctx: _Context, shape: _Shape, budget: float | None, steps: int) -> PlannedRun:

@@ -136,7 +136,7 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
 
 
 def command(run: PlannedRun, workdir: str, train_command: Sequence[str]) -> list[str]:
-    return [*train_command, *run.config_args(), f"--workdir={rundirs.run_dir(workdir, run.run_id)}"]
+    return [*train_command, *run.train_args(rundirs.run_dir(workdir, run.run_id))]
 
 
 def cache_env(workdir: str) -> dict[str, str]:

@@ -37,6 +37,9 @@ shape's), so a typo fails at start-up in one line:
     min_steps, max_steps  int  a budget's shape needing fewer (more; 0 = no limit) is left out
     warmup_frac       float  warmup steps = round(frac * steps) (negative keeps the family's)
     evals, checkpoints  int  per run: eval_every / checkpoint_every = steps // n (0 keeps)
+    measure           str    comma-separated `loopscale eval` measurements (e.g. "ppl,loops")
+                             taken of each run as it completes: `loopscale train --eval=...`
+                             in the local runner and the launch scripts alike ("" = none)
     branches          bool   cooldown branches (plan.py): each size trains once at constant LR
                              to its largest budget's branch point, and each budget is a short
                              WSD cooldown from that trunk's checkpoint (families' schedule wsd)
@@ -120,6 +123,7 @@ class Sweep:
     evals: int
     checkpoints: int
     branches: bool
+    measure: tuple[str, ...]
     peak_flops: float
     mfu: float
 
@@ -146,6 +150,7 @@ def base_sweep() -> ml_collections.ConfigDict:
     s.warmup_frac = -1.0  # the family's warmup_steps
     s.evals, s.checkpoints = 0, 0  # the family's eval_every / checkpoint_every
     s.branches = False  # one run per (size, budget)
+    s.measure = ""  # no evaluation beyond the trainer's own
     # est_device_hours: one TPU v5p chip's bf16 peak at 40% MFU (CPU sweeps set their own).
     s.peak_flops, s.mfu = 459e12, 0.4
     return s
@@ -326,6 +331,7 @@ def parse_sweep(cfg: ml_collections.ConfigDict, sweep_file: str = "") -> Sweep:
         steps=g("steps", int), min_steps=g("min_steps", int), max_steps=g("max_steps", int),
         warmup_frac=g("warmup_frac", float), evals=g("evals", int),
         checkpoints=g("checkpoints", int), branches=g("branches", bool),
+        measure=tuple(m.strip() for m in g("measure", str).split(",") if m.strip()),
         peak_flops=g("peak_flops", float), mfu=g("mfu", float))
     _check(sweep)
     return sweep
