@@ -1,6 +1,7 @@
 """`loopscale eval`: measurements of a run's checkpoint on its held-out split, written into
 the run directory, resumable, and collected as columns."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -56,6 +57,35 @@ def test_loops_of_a_looped_run_at_every_count(tmp_path):
     assert loops["loss_at_trained"] == pytest.approx(summary["final_eval_loss"], rel=1e-5)
     ppl = json.loads((tmp_path / "run" / "eval" / "ppl.json").read_text())
     assert ppl["loss_per_exit"] == pytest.approx(summary["eval_loss_per_loop"], rel=1e-5)
+
+    # jsd: against the plain computation from the whole (K, B, T, V) exit logits.
+    import jax
+    import numpy as np
+
+    from loopscale import data as data_lib
+    from loopscale.model import LoopedLM
+    from loopscale.rundir.load import load_run
+
+    assert main(["eval", f"--workdir={tmp_path / 'run'}", "--what=jsd", "--batches=2"]) == 0
+    got = json.loads((tmp_path / "run" / "eval" / "jsd.json").read_text())
+    config, params = load_run(tmp_path / "run")
+    train_cfg = dataclasses.replace(config.train, eval_batches=2)
+    js, mask = [], []
+    for batch in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
+        logits = LoopedLM(config.model).apply({"params": jax.device_get(params)}, batch["inputs"],
+                                              exit_logits=True).exit_logits
+        logp = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)
+        p, q = np.exp(logp[:-1]), np.exp(logp[-1:])
+        m = 0.5 * (p + q)
+        js.append((0.5 * (p * (logp[:-1] - np.log(m))).sum(-1)
+                   + 0.5 * (q * (logp[-1:] - np.log(m))).sum(-1)) / np.log(2))
+        mask.append(np.asarray(batch["mask"], np.float64))
+    js, mask = np.concatenate(js, 1), np.concatenate(mask, 0)  # (K-1, N, T), (N, T)
+    mean = (js * mask).sum((1, 2)) / mask.sum()
+    assert got["exits"] == list(range(1, k)) and got["tokens"] == mask.sum()
+    np.testing.assert_allclose(got["mean"], mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got["share_below"], ((js < 0.5) * mask).sum((1, 2)) / mask.sum(),
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("args,phrase", [

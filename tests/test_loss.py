@@ -14,7 +14,7 @@ from loopscale.config import load_config, parse
 from loopscale.config.schema import LossLoops
 from loopscale.evaluate.lm import eval_step
 from loopscale.model import LoopedLM
-from loopscale.model.loss import _chunk_size, token_losses
+from loopscale.model.loss import chunk_size, token_losses
 from loopscale.train.step import loss_fn
 
 B, T = 4, 12
@@ -31,8 +31,8 @@ def setup():
     return cfg, params, batch, train
 
 
-def test_chunk_sizes_divide_the_length():
-    assert [_chunk_size(12, c) for c in (0, 5, 4, 12, 100)] == [12, 4, 4, 12, 12]
+def testchunk_sizes_divide_the_length():
+    assert [chunk_size(12, c) for c in (0, 5, 4, 12, 100)] == [12, 4, 4, 12, 12]
 
 
 def test_token_losses_in_chunks_equal_the_whole_projection():

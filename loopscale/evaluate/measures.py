@@ -8,18 +8,23 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
 
     ppl     held-out loss and perplexity at every loop exit (the last is the model's)
     loops   loss and perplexity at inference loop counts 1 .. 2K (K the trained count)
+    jsd     Jensen-Shannon divergence (bits) of each exit's distribution from the final one:
+            mean and spread over tokens, share of tokens below 0.5 (divergence.py)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 
 import jax
+import numpy as np
 
 from loopscale import data as data_lib
 from loopscale.config import Config
+from loopscale.evaluate.divergence import BELOW, jsd_step
 from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.model import LoopedLM
 from loopscale.train import mesh as mesh_lib
@@ -28,6 +33,7 @@ from loopscale.train import mesh as mesh_lib
 class Measure(str, enum.Enum):
     PPL = "ppl"
     LOOPS = "loops"
+    JSD = "jsd"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,19 +50,41 @@ class Loaded:
     def model(self) -> LoopedLM:
         return LoopedLM(self.config.model)
 
+    @property
+    def train(self):
+        return dataclasses.replace(self.config.train, eval_batches=self.batches)
+
+    def _held_out(self):
+        c = self.config
+        return data_lib.make_dataset(c.data, self.train, c.seed, "eval", jax.process_index(),
+                                     jax.process_count())
+
+    def _shardings(self):
+        return (jax.tree.map(lambda x: x.sharding, self.params),
+                mesh_lib.batch_sharding(self.mesh))
+
     def loss_per_exit(self, n_loops: int) -> tuple[list[float], float]:
         """(mean held-out loss at each loop exit, tokens scored) at `n_loops` loops."""
-        c = self.config
-        train = dataclasses.replace(c.train, eval_batches=self.batches)
-        eval_ds = data_lib.make_dataset(c.data, train, c.seed, "eval", jax.process_index(),
-                                        jax.process_count())
-        batch_sharding = mesh_lib.batch_sharding(self.mesh)
+        params_sharding, batch_sharding = self._shardings()
         with mesh_lib.activate(self.mesh):
-            step = jit_eval_step(self.model, train, n_loops,
-                                 param_shardings=jax.tree.map(lambda x: x.sharding, self.params),
+            step = jit_eval_step(self.model, self.train, n_loops, param_shardings=params_sharding,
                                  batch_sharding=batch_sharding)
-            out = evaluate(step, self.params, eval_ds, batch_sharding)
+            out = evaluate(step, self.params, self._held_out(), batch_sharding)
         return out["eval_loss_per_loop"], out["eval_tokens"]
+
+    def sums(self, step_fn) -> dict:
+        """`step_fn(params, batch, model=, train=, n_loops=)`'s sums over the held-out batches,
+        at the trained loop count."""
+        params_sharding, batch_sharding = self._shardings()
+        step = jax.jit(functools.partial(step_fn, model=self.model, train=self.train,
+                                         n_loops=self.config.model.n_loops),
+                       in_shardings=(params_sharding, batch_sharding))
+        total = None
+        with mesh_lib.activate(self.mesh):
+            for local in self._held_out().iterator():
+                out = jax.device_get(step(self.params, mesh_lib.global_batch(local, batch_sharding)))
+                total = out if total is None else jax.tree.map(np.add, total, out)
+        return total
 
 
 def _ppl(loss: float) -> float:
@@ -79,6 +107,32 @@ def loops(run: Loaded) -> dict:
     return {"trained_loops": trained, "loop_counts": counts, "loss": losses,
             "ppl": [_ppl(x) for x in losses],
             "loss_at_trained": losses[trained - 1]}
+
+
+def jsd(run: Loaded) -> dict:
+    """Per exit 1 .. K-1 (the last exit is the final distribution itself)."""
+    k = run.config.model.n_loops
+    if k < 2:
+        return {"n_loops": k, "exits": [], "mean": [], "std": [], "share_below": [],
+                "below": BELOW, "note": "one loop: no earlier exit to compare"}
+    s = run.sums(jsd_step)
+    n = max(float(s["weight"]), 1.0)
+    mean = np.asarray(s["js_sum"]) / n
+    std = np.sqrt(np.maximum(np.asarray(s["js_sq_sum"]) / n - mean ** 2, 0.0))
+    return {"n_loops": k, "exits": list(range(1, k)), "mean": mean.tolist(), "std": std.tolist(),
+            "share_below": (np.asarray(s["below"]) / n).tolist(), "below": BELOW,
+            "tokens": float(s["weight"]), "mean_first_exit": float(mean[0])}
+
+
+def plot_jsd(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    if result["exits"]:
+        ax.errorbar(result["exits"], result["mean"], yerr=result["std"], marker="o", capsize=3)
+    ax.set(xlabel="loop exit", ylabel="JSD to the final exit (bits)", ylim=(0, 1), title=title)
+    fig.tight_layout()
+    return fig
 
 
 def plot_ppl(result: dict, title: str):
@@ -105,4 +159,5 @@ def plot_loops(result: dict, title: str):
     return fig
 
 
-MEASURES = {Measure.PPL: (ppl, plot_ppl), Measure.LOOPS: (loops, plot_loops)}
+MEASURES = {Measure.PPL: (ppl, plot_ppl), Measure.LOOPS: (loops, plot_loops),
+            Measure.JSD: (jsd, plot_jsd)}

@@ -30,7 +30,7 @@ def loss_loop_indices(loss_loops: LossLoops, n_loops: int) -> list[int]:
     return [n_loops - 1]
 
 
-def _chunk_size(length: int, chunk: int) -> int:
+def chunk_size(length: int, chunk: int) -> int:
     """The largest divisor of `length` that is at most `chunk` (0: the whole length)."""
     if chunk <= 0 or chunk >= length:
         return length
@@ -41,7 +41,7 @@ def token_losses(readout: Readout, hidden_BxTxD: jax.Array, targets_BxT: jax.Arr
                  chunk: int) -> tuple[jax.Array, jax.Array]:
     """Per-token cross-entropy and logsumexp of the logits, each (B, T) float32."""
     B, T, D = hidden_BxTxD.shape
-    c = _chunk_size(T, chunk)
+    c = chunk_size(T, chunk)
 
     def one(args):
         h_BxcxD, y_Bxc = args

@@ -1,0 +1,65 @@
+"""How far each loop exit's next-token distribution is from the final one: the Jensen-Shannon
+divergence (the FLT study's convergence measure), per token, in bits (nats / ln 2, so 0..1).
+
+`jsd_step` returns sums over a batch (per exit: JSD, its square, tokens below 0.5 bits, and
+the tokens counted), so a pass over held-out batches gives each exit's mean, spread and share
+of tokens below 0.5 exactly. Like the eval step it runs in the train step's micro-batches and
+reads the vocabulary out `train.ce_chunk` positions at a time, so no (K, B, T, V) tensor is
+ever whole; the final exit's distribution of a chunk is computed once and compared with each
+earlier exit's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from loopscale.config.schema import TrainConfig
+from loopscale.model import LoopedLM
+from loopscale.model.loss import chunk_size
+from loopscale.train.step import micro_batches, readout_fn
+
+BELOW = 0.5  # bits: the share of tokens whose exit is this close to the final distribution
+
+
+def _js_bits(logp: jax.Array, logq: jax.Array) -> jax.Array:
+    """JSD(p, q) / ln 2 over the last axis, from log-probabilities."""
+    p, q = jnp.exp(logp), jnp.exp(logq)
+    logm = jnp.log(0.5 * (p + q))
+    js = 0.5 * jnp.sum(p * (logp - logm), -1) + 0.5 * jnp.sum(q * (logq - logm), -1)
+    return js / math.log(2.0)
+
+
+def jsd_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
+             ) -> dict[str, jax.Array]:
+    readout = readout_fn(model, params)
+
+    def sums(micro):
+        out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
+        hidden_KxBxTxD = out.loop_hidden
+        K, B, T, D = hidden_KxBxTxD.shape
+        c = chunk_size(T, train.ce_chunk)
+        mask_BxT = micro["mask"].astype(jnp.float32)
+
+        def chunk(h_KxBxcxD):
+            logq = jax.nn.log_softmax(readout(h_KxBxcxD[-1]).astype(jnp.float32), -1)
+            return jnp.stack([_js_bits(jax.nn.log_softmax(readout(h_KxBxcxD[k]).astype(
+                jnp.float32), -1), logq) for k in range(K - 1)])  # (K-1, B, c)
+
+        if c == T:
+            js = chunk(hidden_KxBxTxD)
+        else:
+            parts = hidden_KxBxTxD.reshape(K, B, T // c, c, D).transpose(2, 0, 1, 3, 4)
+            js = jax.lax.map(jax.checkpoint(chunk), parts)  # (n, K-1, B, c)
+            js = js.transpose(1, 2, 0, 3).reshape(K - 1, B, T)
+        return {"js_sum": jnp.sum(js * mask_BxT, (1, 2)),
+                "js_sq_sum": jnp.sum(js ** 2 * mask_BxT, (1, 2)),
+                "below": jnp.sum((js < BELOW) * mask_BxT, (1, 2)),
+                "weight": jnp.sum(mask_BxT)}
+
+    if train.grad_accum == 1:
+        return sums(batch)
+    parts = jax.lax.map(sums, micro_batches(batch, train.grad_accum))
+    return jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)
