@@ -100,3 +100,42 @@ def test_bad_eval_requests_exit_2_in_one_line(tmp_path, capsys, args, phrase):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and phrase in err[0], err
     assert not (run / "eval").exists()
+
+
+@pytest.mark.slow
+def test_routing_across_loop_passes(tmp_path, capsys):
+    import jax
+    import numpy as np
+
+    from loopscale import data as data_lib
+    from loopscale.model import LoopedLM
+    from loopscale.rundir.load import load_run
+    from loopscale.train.diagnostics import routing_overlap
+
+    corpus = trainkit.write_corpus(str(tmp_path / "text"))
+    cfg = trainkit.config("looped_moe", corpus, str(tmp_path / "cache"),
+                          **{"train.steps": 3, "train.checkpoint_every": 0})
+    run = tmp_path / "run"
+    assert train(cfg, str(run)) == 0
+    assert main(["eval", f"--workdir={run}", "--what=routing", "--batches=2"]) == 0
+    got = json.loads((run / "eval" / "routing.json").read_text())
+    m = cfg.model
+    assert got["layers"] == list(range(1, m.n_unique + 1))
+    shares = np.asarray([got["identical"], got["partial"], got["disjoint"]])
+    np.testing.assert_allclose(shares.sum(0), 1.0, atol=1e-6)
+    assert all(m.top_k <= u <= min(m.n_loops * m.top_k, m.n_experts) for u in got["unique_experts"])
+    np.testing.assert_allclose(np.asarray(got["load_per_pass"]).sum(-1), 1.0, atol=1e-6)
+    # The same comparison as the training metric, on the same held-out batches.
+    config, params = load_run(run)
+    train_cfg = dataclasses.replace(config.train, eval_batches=2)
+    ref = [routing_overlap(LoopedLM(config.model).apply(
+        {"params": jax.device_get(params)}, b["inputs"], readout=False).moe["experts"])
+        for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator()]
+    for key in ("identical", "disjoint"):
+        assert got[f"{key}_mean"] == pytest.approx(
+            float(np.mean([r[f"route_{key}"] for r in ref])), abs=1e-6)
+    # A dense model has no routing to measure: one line, exit 2, nothing written.
+    dense = tmp_path / "dense"
+    shutil.copytree(FIXTURE, dense)
+    assert main(["eval", f"--workdir={dense}", "--what=routing"]) == 2
+    assert "needs an MoE model" in capsys.readouterr().err and not (dense / "eval").exists()

@@ -10,6 +10,9 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
     loops   loss and perplexity at inference loop counts 1 .. 2K (K the trained count)
     jsd     Jensen-Shannon divergence (bits) of each exit's distribution from the final one:
             mean and spread over tokens, share of tokens below 0.5 (divergence.py)
+    routing MoE top-k sets across loop passes per physical layer: identical / overlapping /
+            disjoint shares, distinct experts per token, load per (pass, layer, expert)
+            (routing.py)
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import numpy as np
 from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.evaluate.divergence import BELOW, jsd_step
+from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
+from loopscale.evaluate.routing import routing_step
 from loopscale.model import LoopedLM
 from loopscale.train import mesh as mesh_lib
 
@@ -34,6 +39,7 @@ class Measure(str, enum.Enum):
     PPL = "ppl"
     LOOPS = "loops"
     JSD = "jsd"
+    ROUTING = "routing"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +130,42 @@ def jsd(run: Loaded) -> dict:
             "tokens": float(s["weight"]), "mean_first_exit": float(mean[0])}
 
 
+def routing(run: Loaded) -> dict:
+    """Per physical layer; one pass (no loops) has no consecutive passes to compare."""
+    m = run.config.model
+    if m.ffn.value != "moe":
+        raise UsageError(f"--what=routing needs an MoE model; {run.config.name} has "
+                         f"model.ffn={m.ffn.value}")
+    s = run.sums(routing_step)
+    pairs = np.maximum(np.asarray(s["pairs"]), 1.0)
+    identical, disjoint = np.asarray(s["identical"]) / pairs, np.asarray(s["disjoint"]) / pairs
+    load = np.asarray(s["load"])  # (K, L, E)
+    share = load / np.maximum(load.sum(-1, keepdims=True), 1.0)
+    unique = np.asarray(s["unique_sum"]) / max(float(s["weight"]), 1.0)
+    return {"n_loops": m.n_loops, "layers": list(range(1, m.n_unique + 1)), "top_k": m.top_k,
+            "identical": identical.tolist(), "partial": (1 - identical - disjoint).tolist(),
+            "disjoint": disjoint.tolist(), "unique_experts": unique.tolist(),
+            "load_per_pass": share.tolist(), "tokens": float(s["weight"]),
+            "identical_mean": float(identical.mean()), "disjoint_mean": float(disjoint.mean()),
+            "unique_experts_mean": float(unique.mean())}
+
+
+def plot_routing(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    layers = np.asarray(result["layers"])
+    bottom = np.zeros(len(layers))
+    for key in ("identical", "partial", "disjoint"):
+        ax.bar(layers, result[key], bottom=bottom, label=key)
+        bottom += np.asarray(result[key])
+    ax.set(xlabel="physical layer", ylabel="share of tokens, consecutive passes", ylim=(0, 1),
+           title=title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
 def plot_jsd(result: dict, title: str):
     import matplotlib.pyplot as plt
 
@@ -160,4 +202,4 @@ def plot_loops(result: dict, title: str):
 
 
 MEASURES = {Measure.PPL: (ppl, plot_ppl), Measure.LOOPS: (loops, plot_loops),
-            Measure.JSD: (jsd, plot_jsd)}
+            Measure.JSD: (jsd, plot_jsd), Measure.ROUTING: (routing, plot_routing)}
