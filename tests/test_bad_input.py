@@ -94,7 +94,7 @@ CATALOGUE = [
      "unknown config field in config.model.nope"),
     # Measurements that do not exist, wherever they are named.
     (["plan", "--sweep=sweeps/permutation.py", "--sweep.measure=ppl,nope",
-      "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops, jsd, routing)"),
+      "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops, jsd, routing, accuracy)"),
     (["train", "--config=experiments/base.py:tiny", "--eval=early_exit", "--workdir={tmp}/run"],
      "--eval=early_exit is not built yet"),
     # Results tables that cannot be fitted, for both commands that fit.

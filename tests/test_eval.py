@@ -139,3 +139,41 @@ def test_routing_across_loop_passes(tmp_path, capsys):
     shutil.copytree(FIXTURE, dense)
     assert main(["eval", f"--workdir={dense}", "--what=routing"]) == 2
     assert "needs an MoE model" in capsys.readouterr().err and not (dense / "eval").exists()
+
+
+@pytest.mark.slow
+def test_permutation_accuracy_per_hop_beside_the_shortcut(tmp_path):
+    import jax
+    import numpy as np
+
+    from loopscale import data as data_lib
+    from loopscale.model import LoopedLM
+    from loopscale.rundir.load import load_run
+
+    from loopscale.config import load_config, parse
+
+    cfg = parse(load_config("experiments/permutation.py:tiny", [
+        "--config.train.steps=3", "--config.train.checkpoint_every=0",
+        "--config.train.eval_every=0", "--config.data.hops_min=2", "--config.data.hops_max=4"]))
+    run = tmp_path / "run"
+    assert train(cfg, str(run)) == 0
+    assert main(["eval", f"--workdir={run}", "--what=accuracy", "--batches=3"]) == 0
+    got = json.loads((run / "eval" / "accuracy.json").read_text())
+    config, params = load_run(run)
+    train_cfg = dataclasses.replace(config.train, eval_batches=3)
+    right, short, hops = [], [], []
+    for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
+        logits = LoopedLM(config.model).apply({"params": jax.device_get(params)}, b["inputs"]).logits
+        pred = np.argmax(np.asarray(logits)[np.arange(len(b["answer"])), b["answer_pos"]], -1)
+        right.append(pred == b["answer"])
+        short.append(b["start"] == b["answer"])
+        hops.append(b["hops"])
+    right, short, hops = map(np.concatenate, (right, short, hops))
+    assert got["examples"] == right.size == 3 * config.train.batch_size
+    assert got["accuracy"] == pytest.approx(right.mean()) and got["shortcut"] == short.mean()
+    assert got["accuracy_per_exit"][-1] == pytest.approx(right.mean())
+    assert sorted(got["per_hop"], key=int) == [str(h) for h in np.unique(hops)]
+    for h, row in got["per_hop"].items():
+        sel = hops == int(h)
+        assert row["examples"] == sel.sum() and row["accuracy"] == pytest.approx(right[sel].mean())
+        assert row["shortcut"] == pytest.approx(short[sel].mean())

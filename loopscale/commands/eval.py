@@ -4,8 +4,9 @@ a trained (or training) run's checkpoint, on held-out data it never trained on.
 Writes RUN_DIR/eval/NAME.json and NAME.png per measurement (loopscale/evaluate/suite.py);
 `collect` reads their figures as columns. Built: `ppl` (held-out loss and perplexity at every
 loop exit), `loops` (at inference loop counts 1 to twice the trained count), `jsd` (each exit's
-Jensen-Shannon divergence from the final one), `routing` (MoE routing across loop passes). The
-other measurements of the studies (early exit, permutation accuracy, logit lens, probes, patching, multiple choice) are not
+Jensen-Shannon divergence from the final one), `routing` (MoE routing across loop passes),
+`accuracy` (permutation traversal, per hop, beside the shortcut). The other measurements of the
+studies (early exit, logit lens, probes, patching, multiple choice) are not
 built yet and are refused by name.
 """
 
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="measure a run's checkpoint on held-out data",
                               description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--workdir", required=True, help="the run directory")
-    p.add_argument("--what", default="ppl", help="comma-separated: ppl, loops, jsd, routing")
+    p.add_argument("--what", default="ppl", help="comma-separated: ppl, loops, jsd, routing, accuracy")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     p.add_argument("--batches", type=int, default=None,
                    help="held-out batches (default: the run's train.eval_batches)")

@@ -13,6 +13,8 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
     routing MoE top-k sets across loop passes per physical layer: identical / overlapping /
             disjoint shares, distinct experts per token, load per (pass, layer, expert)
             (routing.py)
+    accuracy  permutation traversal: final-answer accuracy overall, per hop count and per loop
+            exit, beside the shortcut accuracy (answers.py)
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 
 from loopscale import data as data_lib
 from loopscale.config import Config
+from loopscale.data import permutation
+from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
 from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
@@ -40,6 +44,7 @@ class Measure(str, enum.Enum):
     LOOPS = "loops"
     JSD = "jsd"
     ROUTING = "routing"
+    ACCURACY = "accuracy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +171,47 @@ def plot_routing(result: dict, title: str):
     return fig
 
 
+def accuracy(run: Loaded) -> dict:
+    c = run.config
+    if c.data.source.value != "permutation":
+        raise UsageError(f"--what=accuracy needs the permutation task; {c.name} trains on "
+                         f"data.source={c.data.source.value}")
+    params_sharding, batch_sharding = run._shardings()
+    step = jax.jit(functools.partial(answer_step, model=run.model, train=run.train,
+                                     n_loops=c.model.n_loops),
+                   in_shardings=(params_sharding, batch_sharding))
+    preds, fields = [], {"answer": [], "start": [], "hops": []}
+    with mesh_lib.activate(run.mesh):
+        for local in run._held_out().iterator():
+            batch = {k: local[k] for k in ("inputs", "answer_pos")}
+            preds.append(np.asarray(jax.device_get(step(
+                run.params, mesh_lib.global_batch(batch, batch_sharding)))))
+            for key in fields:
+                fields[key].append(np.asarray(local[key]))
+    # One process: the predictions are the whole batch's, in the order of its rows. (With
+    # several processes each would have to keep the rows it holds: not done yet.)
+    predictions = np.concatenate(preds, axis=1)
+    n = predictions.shape[1]
+    return {"n_loops": c.model.n_loops, "shortcut_expected": permutation.shortcut_probability(
+        c.data.n_nodes, c.data.hops_min, c.data.hops_max),
+        **accuracy_table(predictions, *(np.concatenate(v)[:n] for v in fields.values()))}
+
+
+def plot_accuracy(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    hops = sorted(result["per_hop"], key=int)
+    x = np.arange(len(hops))
+    ax.bar(x - 0.2, [result["per_hop"][h]["accuracy"] for h in hops], 0.4, label="model")
+    ax.bar(x + 0.2, [result["per_hop"][h]["shortcut"] for h in hops], 0.4, label="shortcut")
+    ax.set(xticks=x, xticklabels=hops, xlabel="hops", ylabel="answer accuracy", ylim=(0, 1),
+           title=title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
 def plot_jsd(result: dict, title: str):
     import matplotlib.pyplot as plt
 
@@ -202,4 +248,5 @@ def plot_loops(result: dict, title: str):
 
 
 MEASURES = {Measure.PPL: (ppl, plot_ppl), Measure.LOOPS: (loops, plot_loops),
-            Measure.JSD: (jsd, plot_jsd), Measure.ROUTING: (routing, plot_routing)}
+            Measure.JSD: (jsd, plot_jsd), Measure.ROUTING: (routing, plot_routing),
+            Measure.ACCURACY: (accuracy, plot_accuracy)}

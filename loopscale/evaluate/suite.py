@@ -25,7 +25,7 @@ from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_confi
 from loopscale.train.mesh import make_mesh
 
 # What issue 11 names and is not built yet: refused by name rather than as unknown.
-NOT_YET = ("early_exit", "accuracy", "lens", "probes", "patching", "mc")
+NOT_YET = ("early_exit", "lens", "probes", "patching", "mc")
 
 
 def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
