@@ -9,8 +9,9 @@ Two families trained identically (16 nodes, 8 hops, width 256, 20,000 steps): `l
 learning rates (1e-3, 3e-4, 1e-4) and with or without intermediate supervision: 36 runs. What
 it should show: looped 4x8 solving the task with every seed at every learning rate; unshared
 32 failing at 1e-3 and succeeding only at a lower learning rate or with intermediate
-supervision. Answer accuracy beside the shortcut accuracy (answering the start node) needs the
-evaluator (`loopscale eval`, not built yet); until then the runs report eval loss only.
+supervision. Each run logs its held-out answer accuracy beside the shortcut accuracy
+(answering the start node) at every evaluation (`eval_accuracy`, `eval_shortcut`; collect's
+`final_eval_accuracy`); `loopscale eval --what=accuracy` breaks it down per hop and loop exit.
 
 Intermediate supervision reads out at the looped model's loop boundaries, and at every 4th
 layer boundary of `unshared_32` (the same depths; data/permutation.py `layer_labels`).

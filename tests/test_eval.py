@@ -177,3 +177,15 @@ def test_permutation_accuracy_per_hop_beside_the_shortcut(tmp_path):
         sel = hops == int(h)
         assert row["examples"] == sel.sum() and row["accuracy"] == pytest.approx(right[sel].mean())
         assert row["shortcut"] == pytest.approx(short[sel].mean())
+    # The trainer's own held-out accuracy (summary.json, metrics.jsonl, collect) is the same
+    # measurement over its eval batches.
+    summary = json.loads((run / "summary.json").read_text())
+    final_row = [r for r in trainkit.metric_rows(run) if "eval_loss" in r][-1]
+    assert final_row["eval_accuracy"] == summary["final_eval_accuracy"]
+    assert 0.0 <= final_row["eval_shortcut"] <= 1.0
+    assert main(["eval", f"--workdir={run}", "--what=accuracy",
+                 f"--batches={config.train.eval_batches}"]) == 0
+    again = json.loads((run / "eval" / "accuracy.json").read_text())
+    assert again["accuracy"] == pytest.approx(summary["final_eval_accuracy"])
+    assert again["shortcut"] == pytest.approx(final_row["eval_shortcut"])
+    assert collect_dir(str(run))[0]["final_eval_accuracy"] == summary["final_eval_accuracy"]

@@ -27,6 +27,16 @@ def answer_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: 
     return jnp.argmax(logits_KxBxV, axis=-1)
 
 
+def answer_sums(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
+                ) -> dict[str, jax.Array]:
+    """Right answers (final exit) and right shortcuts in a batch, summed on the devices (so
+    every process gets the global counts): the trainer's `eval_accuracy`."""
+    final_B = answer_step(params, batch, model=model, train=train, n_loops=n_loops)[-1]
+    return {"right": jnp.sum(final_B == batch["answer"]),
+            "shortcut": jnp.sum(batch["start"] == batch["answer"]),
+            "count": jnp.asarray(batch["answer"].shape[0])}
+
+
 def accuracy_table(predictions_KxN: np.ndarray, answer_N: np.ndarray, start_N: np.ndarray,
                    hops_N: np.ndarray) -> dict:
     """Accuracy overall and per hop count (final exit), per loop exit, beside the shortcut."""

@@ -9,6 +9,7 @@ state: `pending` (never started), `running` (training, or interrupted), `complet
     loss              = final_eval_loss (what `loopscale fit` fits; empty unless completed,
                       and for a cooldown trunk, whose branches are the grid's points)
     final_eval_loss, best_eval_loss, wall_time_s     from summary.json
+    final_eval_accuracy  the permutation task's held-out answer accuracy (summary.json)
     tokens, flops     actually spent (summary.json); the plan's figures are planned_tokens,
                       planned_flops
     steps_done        optimizer steps taken
@@ -41,6 +42,7 @@ from loopscale.sweep.plan import PLAN_COLUMNS, write_rows
 RESULT_COLUMNS = (
     "run_id", "family", "budget", "status", "loss", "params", "params_unique",
     "params_effective", "params_active", "tokens", "flops", "final_eval_loss", "best_eval_loss",
+    "final_eval_accuracy",
     "wall_time_s", "steps_done", "planned_tokens", "planned_flops",
     *[c for c in PLAN_COLUMNS if c not in ("run_id", "family", "budget", "params",
                                             "params_unique", "params_effective", "params_active",
@@ -87,7 +89,8 @@ def result_row(plan: dict, rundir: epath.Path) -> dict:
     row["planned_flops"] = row.pop("flops", None)
     summary = read_summary(rundir) or {}
     row["status"] = RunStatus.of(summary).value
-    for key in ("final_eval_loss", "best_eval_loss", "tokens", "flops", "wall_time_s"):
+    for key in ("final_eval_loss", "best_eval_loss", "final_eval_accuracy", "tokens", "flops",
+                "wall_time_s"):
         row[key] = _number(summary.get(key))
     row["steps_done"] = summary.get("steps")
     # A cooldown trunk is no point of the IsoFLOP grid (its branches are): no loss to fit.

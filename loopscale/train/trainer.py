@@ -25,7 +25,8 @@ import numpy as np
 from loopscale import data as data_lib
 from loopscale import flops as flops_lib
 from loopscale.data import permutation
-from loopscale.config import Config
+from loopscale.config import Config, DataSource
+from loopscale.evaluate.answers import answer_sums
 from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.model import LoopedLM
@@ -147,6 +148,23 @@ class _Pending:
     n_loops: int
     lr_factor: float
     dispatched: float  # time.time() when it was dispatched
+
+
+def _answer_accuracy(s: _Setup, params, eval_ds) -> dict:
+    """Permutation traversal: the share of held-out answers right at the final exit, beside
+    the shortcut's (answering the start node), counted on the devices."""
+    if "answers" not in s.compiled:
+        s.compiled["answers"] = jax.jit(functools.partial(
+            answer_sums, model=s.model, train=s.config.train, n_loops=s.config.model.n_loops))
+    total = None
+    for local in eval_ds.iterator():
+        fields = {k: local[k] for k in ("inputs", "answer_pos", "answer", "start")}
+        out = jax.device_get(s.compiled["answers"](params, mesh_lib.global_batch(
+            fields, s.batch_sharding)))
+        total = out if total is None else jax.tree.map(np.add, total, out)
+    count = max(int(total["count"]), 1)
+    return {"eval_accuracy": float(total["right"]) / count,
+            "eval_shortcut": float(total["shortcut"]) / count}
 
 
 def _loops_for_step(config: Config, step: int) -> int:
@@ -287,6 +305,14 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
                                            param_shardings=s.state_shardings.params,
                                            batch_sharding=s.batch_sharding)
     eval_fn = s.compiled["eval"]
+    answers = config.data.source is DataSource.PERMUTATION
+
+    def held_out(params) -> dict:
+        """The eval loss per exit; for the permutation task also the answers' accuracy."""
+        out = evaluate(eval_fn, params, eval_ds, s.batch_sharding)
+        if answers:
+            out.update(_answer_accuracy(s, params, eval_ds))
+        return out
     compile_time = 0.0
     tokens_per_step = t.batch_size * t.seq_len
     # The schedule's multiplier for every step, evaluated once (not one small dispatch a step).
@@ -396,7 +422,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
                 status = RunStatus.DIVERGED
                 break
             if evaluates:
-                rows.append({"step": done, **evaluate(eval_fn, state.params, eval_ds, s.batch_sharding)})
+                rows.append({"step": done, **held_out(state.params)})
                 run.log(rows[-1])
             if saves:
                 checkpointer.save(done, state, data_iter, unigram.counts)
@@ -418,7 +444,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         # A finished run re-run (its summary.json lost) already holds its final evaluation.
         final = next((r for r in rows if r["step"] == t.steps and "eval_loss" in r), None)
         if final is None:
-            final = {"step": t.steps, **evaluate(eval_fn, state.params, eval_ds, s.batch_sharding)}
+            final = {"step": t.steps, **held_out(state.params)}
             rows.append(final)
             run.log(final)
     checkpointer.close()
@@ -431,6 +457,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         status=status,
         final_train_loss=train_rows[-1]["loss"] if train_rows else None,
         final_eval_loss=final.get("eval_loss"),
+        final_eval_accuracy=final.get("eval_accuracy"),
         eval_loss_per_loop=final.get("eval_loss_per_loop"),
         best_eval_loss=min(evals) if evals else None,
         steps=train_rows[-1]["step"] if train_rows else start,
