@@ -87,8 +87,9 @@ def _run_local(args: argparse.Namespace, result) -> int:
     from loopscale.rundir import sweep as rundirs
     from loopscale.rundir.status import RunStatus
     from loopscale.sweep.plan import read_csv, write_csv
+    from loopscale.sweep.progress import Progress
     from loopscale.sweep.runner import (
-        DEFAULT_TRAIN_COMMAND, Options, Progress, SweepLock, command, run_sweep,
+        DEFAULT_TRAIN_COMMAND, Options, SweepLock, command, run_sweep,
     )
 
     workdir = os.path.abspath(args.workdir)
