@@ -45,6 +45,14 @@ class Measure(str, enum.Enum):
     JSD = "jsd"
     ROUTING = "routing"
     ACCURACY = "accuracy"
+    # Issue 11's other measurements; a name without an entry in MEASURES is refused as not
+    # built yet (suite.parse_what).
+    EARLY_EXIT = "early_exit"
+    LENS = "lens"
+    PROBES = "probes"
+    PATCHING = "patching"
+    ACT_GRADS = "act_grads"
+    MC = "mc"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,25 +24,21 @@ from loopscale.rundir.load import load_run
 from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_config
 from loopscale.train.mesh import make_mesh
 
-# What issue 11 names and is not built yet: refused by name rather than as unknown.
-NOT_YET = ("early_exit", "lens", "probes", "patching", "mc")
-
-
 def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
     """Measurement names (comma-separated) -> Measures; UsageError naming `where` if bad."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise UsageError(f"{where} names no measurement")
+    built = ", ".join(m.value for m in MEASURES)
     out = []
     for name in names:
-        if name in NOT_YET:
-            raise UsageError(f"{where}={name} is not built yet (built: "
-                             f"{', '.join(m.value for m in Measure)})")
         try:
-            out.append(Measure(name))
+            measure = Measure(name)
         except ValueError:
-            raise UsageError(f"{where}={name} is not a measurement (built: "
-                             f"{', '.join(m.value for m in Measure)})") from None
+            raise UsageError(f"{where}={name} is not a measurement (built: {built})") from None
+        if measure not in MEASURES:
+            raise UsageError(f"{where}={name} is not built yet (built: {built})")
+        out.append(measure)
     return tuple(dict.fromkeys(out))
 
 
