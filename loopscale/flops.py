@@ -45,8 +45,16 @@ the experts on all E*C slots. Against XLA it is within 0.3% on the test matrix
 from __future__ import annotations
 
 from loopscale.config.schema import (
-    FFNKind, FlopConvention, Injection, LossLoops, MLPKind, ModelConfig, MoEDispatch, Remat,
+    FFNKind,
+    FlopConvention,
+    Injection,
+    LossLoops,
+    MLPKind,
+    ModelConfig,
+    MoEDispatch,
+    Remat,
 )
+from loopscale.model.loss import loss_loop_indices
 from loopscale.model.moe import capacity
 
 
@@ -231,8 +239,7 @@ def _readouts(cfg: ModelConfig) -> tuple[int, int]:
     out every loop boundary (the unused ones' backward runs on zero cotangents)."""
     if cfg.loss_loops is LossLoops.LAST:
         return 1, 1
-    n_loss = cfg.n_loops if cfg.loss_loops is LossLoops.ALL else max(1, cfg.n_loops // 3)
-    return cfg.n_loops, n_loss
+    return cfg.n_loops, len(loss_loop_indices(cfg.loss_loops, cfg.n_loops))
 
 
 def computed_flops_per_token(cfg: ModelConfig, seq_len: int,

@@ -14,7 +14,7 @@ from loopscale.config import load_config, parse
 from loopscale.config.schema import LossLoops
 from loopscale.evaluate.lm import eval_step
 from loopscale.model import LoopedLM
-from loopscale.model.loss import chunk_size, token_losses
+from loopscale.model.loss import chunk_size, loss_loop_indices, token_losses
 from loopscale.train.step import loss_fn
 
 B, T = 4, 12
@@ -77,3 +77,24 @@ def test_eval_in_micro_batches_and_chunks_equals_one_pass(setup):
     got = jax.jit(lambda p, b: eval_step(p, b, model=model, train=t, n_loops=3))(params, batch)
     np.testing.assert_allclose(got["loss_sum_per_loop"], want, rtol=1e-5)
     assert float(got["weight"]) == float(np.sum(batch["mask"]))
+
+
+@pytest.mark.parametrize("n_loops,want", [(1, [0]), (2, [1]), (4, [2, 3]), (6, [4, 5]),
+                                          (9, [6, 7, 8]), (12, [8, 9, 10, 11])])
+def test_last_third_is_the_flt_authors_loops(n_loops, want):
+    """The FLT code's `FEW` loss: loops range(2K//3, K), ceil(K/3) of them (12 loops: the last 4,
+    where floor(K/3) took the same; 4 loops: the last 2, where floor took 1)."""
+    assert loss_loop_indices(LossLoops.LAST_THIRD, n_loops) == want
+    assert len(want) == -(-n_loops // 3)
+
+
+def test_last_third_loss_is_the_mean_over_its_loops(setup):
+    cfg, params, batch, train = setup
+    K = 4  # the loop count where ceil(K/3) = 2 differs from floor(K/3) = 1
+    model = LoopedLM(dataclasses.replace(cfg, loss_loops=LossLoops.LAST_THIRD))
+    out = model.apply({"params": params}, batch["inputs"], n_loops=K, exit_logits=True)
+    ce = optax.softmax_cross_entropy_with_integer_labels(out.exit_logits, batch["targets"][None])
+    mask = np.asarray(batch["mask"], np.float32)
+    per_loop = np.sum(np.asarray(ce) * mask[None], axis=(1, 2)) / mask.sum()
+    _, aux = loss_fn(params, batch, model, train, K)
+    assert float(aux["ce"]) == pytest.approx(float(per_loop[2:].mean()), rel=1e-5)

@@ -22,11 +22,12 @@ Readout = Callable[[jax.Array], jax.Array]  # hidden (B, t, D) -> logits (B, t, 
 
 
 def loss_loop_indices(loss_loops: LossLoops, n_loops: int) -> list[int]:
-    """Loop indices (0-based) where the LM loss is taken."""
+    """Loop indices (0-based) where the LM loss is taken. The last third is the FLT authors'
+    `FEW` loss, loops 2K//3 .. K-1: ceil(K/3) of them (K = 4: loops 2 and 3; K = 1: loop 0)."""
     if loss_loops is LossLoops.ALL:
         return list(range(n_loops))
     if loss_loops is LossLoops.LAST_THIRD:
-        return list(range(n_loops - max(1, n_loops // 3), n_loops))
+        return list(range(2 * n_loops // 3, n_loops))
     return [n_loops - 1]
 
 
