@@ -585,6 +585,29 @@ def test_collapse_rule():
     assert not diagnostics.collapsed(steps, losses, residual, unigram_entropy=H)
 
 
+def test_the_trainer_rules_read_the_cross_entropy():
+    """The rows the trainer logs carry the total objective (`loss`) and the LM cross-entropy
+    (`ce`); collapse and divergence are stated on the cross-entropy. A run on the unigram
+    plateau whose total sits 0.3 nats higher (auxiliary terms) collapsed; one whose total sits
+    on the plateau while its cross-entropy learns did not."""
+    H = 3.06
+    steps, ces, residual = _history(H, 4.0)
+    rows = [{"step": s, "ce": c, "loss": c + 0.3, "residual_norm": [50.0, r]}
+            for s, c, r in zip(steps, ces, residual)]
+    assert diagnostics.collapsed_run(rows, unigram_entropy=H)
+    assert not diagnostics.collapsed([r["step"] for r in rows], [r["loss"] for r in rows],
+                                     [r["residual_norm"][-1] for r in rows], H)
+    learning = [dict(r, ce=r["ce"] - 0.3, loss=r["ce"]) for r in rows]
+    assert not diagnostics.collapsed_run(learning, unigram_entropy=H)
+    # Eight supervised loops of a 27-token task: a total of 8 CEs is over 10 ln 27 at the start
+    # while the cross-entropy is not; a NaN in the total still stops the run.
+    rule = diagnostics.DivergenceRule(ceiling=diagnostics.DivergenceRule.ceiling_for(27))
+    assert rule.check(diagnostics.watched_loss({"ce": 4.2, "loss": 8 * 4.2})) is None
+    assert 8 * 4.2 > rule.ceiling
+    nan = diagnostics.watched_loss({"ce": 3.0, "loss": float("nan")})
+    assert "nan" in rule.check(nan)
+
+
 def test_unigram_entropy_by_hand():
     u = diagnostics.UnigramEntropy(vocab_size=5)
     assert u.value() == 0.0

@@ -340,7 +340,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
     for row in rows:  # replay host-side trackers over the kept history
         if "grad_norm" in row:
             oscillation.update(row["grad_norm"])
-            divergence.check(row["loss"])
+            divergence.check(diagnostics.watched_loss(row))
     status, reason, done = RunStatus.RUNNING, None, start
     run.write_summary(summary)
 
@@ -378,7 +378,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         if progress:
             progress.update(1)
             progress.set_postfix(loss=f"{row['loss']:.3f}")
-        return divergence.check(row["loss"])
+        return divergence.check(diagnostics.watched_loss(row))
 
     try:
         for step in range(start, t.steps):
@@ -466,9 +466,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         wall_time_s=time.time() - started,
         compile_time_s=compile_time,
         unigram_entropy=entropy,
-        collapsed=None if entropy is None else diagnostics.collapsed(
-            [r["step"] for r in train_rows], [r["loss"] for r in train_rows],
-            [r["residual_norm"][-1] for r in train_rows], entropy),
+        collapsed=None if entropy is None else diagnostics.collapsed_run(train_rows, entropy),
         collapse_rule=diagnostics.COLLAPSE_RULE,
         divergence_rule=" ".join(diagnostics.DivergenceRule.__doc__.split()),
     )
