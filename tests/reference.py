@@ -60,42 +60,36 @@ def injected_layer(p, x, h, cfg):
     return u + mlp(p["mlp"], rms(u), cfg)
 
 
-def forward(params, tokens, cfg, n_loops=None):
+def forward(params, tokens, cfg, n_loops=None, after_layer=None):
+    """`after_layer(t, l, x)`, if given, replaces the stream at the end of layer l of loop t
+    (0-based), as the model's residual-stream hook does."""
     K = n_loops or cfg.n_loops
     mode = cfg.injection.value
+    edit = after_layer or (lambda t, l, x: x)
     layers = [params["loop"]["stack"][f"layer_{l}"] for l in range(cfg.n_unique)]
     e = params["embedding"][tokens]
     x0 = rms(e) if cfg.embed_norm else e
     x = x0
-    for layer in layers:  # loop 1: the plain stack on x_0^(1)
-        x = plain_layer(layer, x, cfg)
-    for _ in range(1, K):
+    for l, layer in enumerate(layers):  # loop 1: the plain stack on x_0^(1)
+        x = edit(0, l, plain_layer(layer, x, cfg))
+    for t in range(1, K):
         h = rms(x)
         if mode == "none":
             x = h
-            for layer in layers:
-                x = plain_layer(layer, x, cfg)
         elif mode == "input":
             x = rms(e + h)
-            for layer in layers:
-                x = plain_layer(layer, x, cfg)
-        elif mode == "attn_first":
-            x = injected_layer(layers[0], x0, h, cfg)
-            for layer in layers[1:]:
-                x = plain_layer(layer, x, cfg)
-        elif mode == "fla":
+        elif mode in ("attn_first", "fla", "flt"):
             x = x0
-            for layer in layers:
-                x = plain_layer(layer, rms(x + h), cfg)
-        elif mode == "flt":
-            x = x0
-            for layer in layers:
-                x = injected_layer(layer, x, h, cfg)
-        elif mode == "repeat":
-            for layer in layers:
-                x = plain_layer(layer, x, cfg)
-        else:
+        elif mode != "repeat":
             raise ValueError(mode)
+        for l, layer in enumerate(layers):
+            if mode == "fla":
+                x = plain_layer(layer, rms(x + h), cfg)
+            elif mode == "flt" or (mode == "attn_first" and l == 0):
+                x = injected_layer(layer, x, h, cfg)
+            else:
+                x = plain_layer(layer, x, cfg)
+            x = edit(t, l, x)
     logits = rms(x) @ params["unembed"] * cfg.output_mult
     if cfg.param.value == "mup":
         logits = logits / cfg.width_mult

@@ -13,7 +13,7 @@ from helpers import init_params, n_params, tiny_model_config, tokens, unrolled
 
 from loopscale.config import Injection, Remat
 from loopscale.config.schema import DType
-from loopscale.model import LoopedLM, stack_layers, unstack_layers
+from loopscale.model import LoopedLM, StreamEdit, stack_layers, unstack_layers
 
 MODES = [m.value for m in Injection]
 TOKENS = tokens()
@@ -151,3 +151,70 @@ def test_bfloat16_activations_stay_close_to_float32(params_by_mode):
     assert bf16.dtype == jnp.float32  # logits are always float32
     gap = float(jnp.max(jnp.abs(bf16 - f32)))
     assert 0 < gap < 0.05, gap  # rounded (so bf16 really ran), but close
+
+
+def _random_edit(cfg, seed=3):
+    """keep in {0, 1} (about half the positions), add a random stream, at every loop and layer."""
+    K, L, (B, T), D = cfg.n_loops, cfg.n_unique, TOKENS.shape, cfg.d_model
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    keep = jax.random.bernoulli(k1, 0.5, (K, L, B, T)).astype(jnp.float32)
+    return StreamEdit(keep, jax.random.normal(k2, (K, L, B, T, D)))
+
+
+@pytest.mark.parametrize("mode", ["none", "flt", "repeat", "fla"])
+def test_stream_edit_replaces_the_stream_where_keep_is_zero(params_by_mode, mode):
+    """keep = 0 with add = x' puts x' in the stream at the end of that layer of that loop (the
+    last layer's is the loop boundary, what the next loop reads): the hand-written equations
+    continued from x', on the scanned and the unrolled model alike."""
+    cfg, params = params_by_mode
+    cfg = dataclasses.replace(cfg, injection=Injection(mode), embed_norm=True)
+    edit = _random_edit(cfg)
+    edit = StreamEdit(edit.keep_KxLxBxT, edit.add_KxLxBxTxD * (1 - edit.keep_KxLxBxT)[..., None])
+
+    def by_hand(t, l, x):
+        keep = edit.keep_KxLxBxT[t, l][..., None]
+        return jnp.where(keep > 0, x, edit.add_KxLxBxTxD[t, l])
+
+    flat = unstack_layers(params, cfg.n_unique)
+    want = reference.forward(flat, TOKENS, cfg, after_layer=by_hand)
+    scanned = LoopedLM(cfg, collect_layers=True).apply({"params": params}, TOKENS, edit=edit)
+    looped = LoopedLM(unrolled(cfg), collect_layers=True).apply({"params": flat}, TOKENS, edit=edit)
+    for out in (scanned, looped):
+        np.testing.assert_allclose(out.logits, want, atol=2e-5, rtol=2e-5)
+        # The collected streams are the edited ones: x' wherever keep is 0.
+        put = np.asarray(edit.keep_KxLxBxT) == 0
+        np.testing.assert_array_equal(np.asarray(out.layer_hidden)[put],
+                                      np.asarray(edit.add_KxLxBxTxD)[put])
+    np.testing.assert_allclose(scanned.layer_hidden, looped.layer_hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_stream_edit_scales_and_adds(params_by_mode):
+    """A general edit, x * keep + add with keep anywhere in [0, 2], at every loop and layer."""
+    cfg, params = params_by_mode
+    cfg = dataclasses.replace(cfg, injection=Injection.FLT, embed_norm=True)
+    K, L, (B, T), D = cfg.n_loops, cfg.n_unique, TOKENS.shape, cfg.d_model
+    k1, k2 = jax.random.split(jax.random.PRNGKey(5))
+    edit = StreamEdit(jax.random.uniform(k1, (K, L, B, T), maxval=2.0),
+                      0.3 * jax.random.normal(k2, (K, L, B, T, D)))
+    flat = unstack_layers(params, cfg.n_unique)
+    want = reference.forward(flat, TOKENS, cfg, after_layer=lambda t, l, x: (
+        x * edit.keep_KxLxBxT[t, l][..., None] + edit.add_KxLxBxTxD[t, l]))
+    for model, p in ((LoopedLM(cfg), params), (LoopedLM(unrolled(cfg)), flat)):
+        np.testing.assert_allclose(model.apply({"params": p}, TOKENS, edit=edit).logits, want,
+                                   atol=2e-5, rtol=2e-5)
+
+
+def test_identity_edit_is_bitwise_the_model_without_one(params_by_mode):
+    """keep = 1, add = 0 computes exactly what edit=None does (so the hook's gradient is taken
+    at the model itself); None adds no operation at all (the lowered train step's text is
+    unchanged by the hook, checked when it was added)."""
+    cfg, params = params_by_mode
+    K, L, (B, T), D = cfg.n_loops, cfg.n_unique, TOKENS.shape, cfg.d_model
+    identity = StreamEdit(jnp.ones((K, L, B, T)), jnp.zeros((K, L, B, T, D)))
+    flat = unstack_layers(params, cfg.n_unique)
+    for model, p in ((LoopedLM(cfg, collect_layers=True), params),
+                     (LoopedLM(unrolled(cfg), collect_layers=True), flat)):
+        plain = model.apply({"params": p}, TOKENS)
+        edited = model.apply({"params": p}, TOKENS, edit=identity)
+        for a, b in ((plain.logits, edited.logits), (plain.layer_hidden, edited.layer_hidden)):
+            np.testing.assert_array_equal(a, b)

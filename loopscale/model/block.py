@@ -7,6 +7,13 @@ loop's residual stream starts (`Loop`) and in two per-layer switches (`Block`):
   and values from norm(x), through the layer's own weights; h never enters the stream.
 On loop 1 (t = 0) every layer is plain. The switches are Python booleans on the unrolled path
 and traced booleans inside the scans, so one compiled body serves every loop and layer.
+
+Stream edits (`StreamEdit`, for patching and activation gradients): each layer's output x is
+replaced by x * keep + add, with keep and add the edit's slices for that loop and layer. The
+slices travel as scanned inputs (loops outer, layers inner; on the unrolled path they are
+indexed in Python); without an edit (None) no operation is added, so the model traces exactly
+as it does without the hook. The edited stream is what the next layer, the next loop, the
+collected hidden states and the readout all see.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -22,6 +30,30 @@ from loopscale.model.attention import Attention
 from loopscale.model.ffn import MLP
 from loopscale.model.layers import RMSNorm, rms_norm
 from loopscale.model.moe import MoE
+
+
+@flax.struct.dataclass
+class StreamEdit:
+    """x <- x * keep + add at the end of layer l of loop t (the end of the last layer is the
+    loop boundary, x_L^(t)). Leading axes (K, L) = (loops, unique layers) of the call; keep
+    broadcasts over D. keep = 1, add = 0 leaves the model unchanged; keep = 0, add = x' puts x'
+    in the stream. Any dtype: cast to the stream's."""
+
+    keep_KxLxBxT: jax.Array
+    add_KxLxBxTxD: jax.Array
+
+    def at(self, index) -> StreamEdit:
+        """The slice for one loop (then one layer) on the unrolled path."""
+        return jax.tree.map(lambda a: a[index], self)
+
+    def apply(self, x_BxTxD: jax.Array) -> jax.Array:
+        """On a slice of one loop and layer: (B, T) and (B, T, D)."""
+        keep = self.keep_KxLxBxT.astype(x_BxTxD.dtype)[..., None]
+        return x_BxTxD * keep + self.add_KxLxBxTxD.astype(x_BxTxD.dtype)
+
+
+def at(edit: StreamEdit | None, index) -> StreamEdit | None:
+    return None if edit is None else edit.at(index)
 
 
 def select(cond, if_true: Callable[[], jax.Array], if_false: Callable[[], jax.Array]) -> jax.Array:
@@ -39,7 +71,7 @@ class Block(nn.Module):
     collect_layers: bool = False
 
     @nn.compact
-    def __call__(self, x_BxTxD, layer, h_BxTxD, inject, rope):
+    def __call__(self, x_BxTxD, layer, h_BxTxD, inject, rope, edit: StreamEdit | None = None):
         cfg = self.cfg
         eps = cfg.norm_eps
         if cfg.injection is Injection.FLA:
@@ -61,8 +93,10 @@ class Block(nn.Module):
             f_BxTxD, ys = MoE(cfg, name="moe")(un_BxTxD)
         else:
             f_BxTxD, ys = MLP(cfg, name="mlp")(un_BxTxD), {}
-        out_BxTxD = nn.with_logical_constraint(u_BxTxD + f_BxTxD,
-                                               ("act_batch", "act_length", "act_embed"))
+        out_BxTxD = u_BxTxD + f_BxTxD
+        if edit is not None:
+            out_BxTxD = edit.apply(out_BxTxD)
+        out_BxTxD = nn.with_logical_constraint(out_BxTxD, ("act_batch", "act_length", "act_embed"))
         if self.collect_layers:
             ys = {**ys, "layer_hidden": out_BxTxD}
         return out_BxTxD, ys
@@ -80,7 +114,7 @@ class LayerStack(nn.Module):
     collect_layers: bool = False
 
     @nn.compact
-    def __call__(self, x_BxTxD, h_BxTxD, inject, rope):
+    def __call__(self, x_BxTxD, h_BxTxD, inject, rope, edit: StreamEdit | None = None):
         cfg = self.cfg
         block_cls = Block
         if cfg.remat is Remat.LAYER:
@@ -90,16 +124,17 @@ class LayerStack(nn.Module):
                 block_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
                 length=cfg.n_unique,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
             layers = jnp.arange(cfg.n_unique)
-            return scanned(cfg, self.collect_layers, name="layers")(x_BxTxD, layers, h_BxTxD, inject, rope)
+            return scanned(cfg, self.collect_layers, name="layers")(x_BxTxD, layers, h_BxTxD, inject,
+                                                                    rope, edit)
         ys = []
         for layer in range(cfg.n_unique):
             block = block_cls(cfg, self.collect_layers, name=f"layer_{layer}")
-            x_BxTxD, y = block(x_BxTxD, layer, h_BxTxD, inject, rope)
+            x_BxTxD, y = block(x_BxTxD, layer, h_BxTxD, inject, rope, at(edit, layer))
             ys.append(y)
         return x_BxTxD, stack_trees(ys)
 
@@ -114,7 +149,7 @@ class Loop(nn.Module):
     collect_layers: bool = False
 
     @nn.compact
-    def __call__(self, x_prev_BxTxD, t, e_BxTxD, e0_BxTxD, rope):
+    def __call__(self, x_prev_BxTxD, t, e_BxTxD, e0_BxTxD, rope, edit: StreamEdit | None = None):
         cfg = self.cfg
         eps = cfg.norm_eps
         inject = t > 0
@@ -125,7 +160,8 @@ class Loop(nn.Module):
             Injection.REPEAT: lambda: x_prev_BxTxD,
         }
         x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD), lambda: e0_BxTxD)
-        x_BxTxD, ys = LayerStack(cfg, self.collect_layers, name="stack")(x0_BxTxD, h_BxTxD, inject, rope)
+        x_BxTxD, ys = LayerStack(cfg, self.collect_layers, name="stack")(x0_BxTxD, h_BxTxD, inject,
+                                                                          rope, edit)
         x32 = x_BxTxD.astype(jnp.float32)
         ys = {
             **ys,

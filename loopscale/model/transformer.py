@@ -5,6 +5,13 @@ the outer one over loops with params broadcast, so the parameter count does not 
 number of loops and the loop count can be changed at apply time (`n_loops=`), e.g. to evaluate
 trained weights at more or fewer loops. `cfg.scan=False` runs the same computation as Python
 loops (params named per layer; convert with params.py).
+
+The residual-stream hook: `edit=StreamEdit(keep_KxLxBxT, add_KxLxBxTxD)` sets x <- x * keep + add
+after layer l of loop t (block.py), K the loops of this call and L = n_unique; the edit of the
+last layer is the loop boundary (the next loop's input and `loop_hidden[t]`). Activation
+patching writes another run's stream there (keep 0, add x'); the activation gradient is the
+gradient with respect to a zero `add` (evaluate/patching.py, evaluate/act_grads.py). With
+`edit=None` (the default) the traced computation is the one without the hook.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import jax.numpy as jnp
 
 from loopscale.config.schema import DType, ModelConfig, Remat
 from loopscale.model import mup
-from loopscale.model.block import Loop, stack_trees
+from loopscale.model.block import Loop, StreamEdit, at, stack_trees
 from loopscale.model.layers import RMSNorm, rms_norm, rope_tables, weight
 
 
@@ -55,14 +62,14 @@ class LoopedLM(nn.Module):
                 loop_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
             )
         elif cfg.scan:
             loop_cls = nn.scan(
                 loop_cls,
                 variable_broadcast="params",
                 split_rngs={"params": False},
-                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
             )
         self.loop = loop_cls(cfg, self.collect_layers)
 
@@ -81,9 +88,11 @@ class LoopedLM(nn.Module):
         return nn.with_logical_constraint(logits, names)
 
     def __call__(self, tokens_BxT: jax.Array, n_loops: int | None = None,
-                 exit_logits: bool = False, readout: bool = True) -> ModelOutputs:
+                 exit_logits: bool = False, readout: bool = True,
+                 edit: StreamEdit | None = None) -> ModelOutputs:
         """`readout=False` leaves the logits to the caller (model/loss.py projects the hidden
-        states a few positions at a time, so the (B, T, V) logits never exist whole)."""
+        states a few positions at a time, so the (B, T, V) logits never exist whole). `edit`:
+        the residual-stream hook (module docstring), leading axes (n_loops, n_unique)."""
         cfg = self.cfg
         K = n_loops or cfg.n_loops
         dtype = jnp.bfloat16 if cfg.dtype is DType.BFLOAT16 else jnp.float32
@@ -94,11 +103,11 @@ class LoopedLM(nn.Module):
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
         if cfg.scan:
-            x_BxTxD, ys = self.loop(e0_BxTxD, jnp.arange(K), e_BxTxD, e0_BxTxD, rope)
+            x_BxTxD, ys = self.loop(e0_BxTxD, jnp.arange(K), e_BxTxD, e0_BxTxD, rope, edit)
         else:
             x_BxTxD, per_loop = e0_BxTxD, []
             for t in range(K):
-                x_BxTxD, y = self.loop(x_BxTxD, t, e_BxTxD, e0_BxTxD, rope)
+                x_BxTxD, y = self.loop(x_BxTxD, t, e_BxTxD, e0_BxTxD, rope, at(edit, t))
                 per_loop.append(y)
             ys = stack_trees(per_loop)
 
