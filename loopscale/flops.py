@@ -6,22 +6,26 @@ Parameters (`param_counts`), all exact (tests compare them with the real paramet
 - `params_unique`: every other stored parameter (attention, FFN or all experts, routers, norm
   gains), each physical layer once: what a checkpoint holds besides the vocabulary matrices.
 - `params_effective`: the same counted per use, a layer once per loop pass (K x the layers).
-- `params_active`: per use as well, but an MoE layer counts its router and only top_k of its
-  experts, and the embedding and unembedding are included: the sparse-layers study's N_active
-  (Looped-MoE d704 8x2: 167.5M active against 216.4M stored). `params_active_nonembedding` is
-  it without the vocabulary matrices (Kaplan's N); `params_active_stored` counts each physical
-  layer once (not loop-aware) and includes the vocabulary matrices.
+- `params_active`: per use as well, but an MoE layer counts only top_k of its experts (and its
+  router unless `model.count_router` is false), and the embedding and unembedding are
+  included: the sparse-layers study's N_active (Looped-MoE d704 8x2: 167.4M active without the
+  routers, 167.5M with them, against 216.4M stored; the study says 167M and 216M).
+  `params_active_nonembedding` is it without the vocabulary matrices (Kaplan's N);
+  `params_active_stored` counts each physical layer once (not loop-aware) and includes the
+  vocabulary matrices. The stored counts (unique, effective, total) always hold the routers.
 - `params_total`: everything stored, `params_embedding + params_unique`.
 
 FLOPs of training per token (`flops_per_token`), one of the `FlopConvention`s (the top-level
 config field `flop_convention` picks the one the sweep planner spends budgets with). All of them
 are forward x 3 (forward + backward), loop-aware (a layer counted once per loop pass), and
-MoE-active (router plus top_k experts); they differ in the N of 6N and in attention:
+MoE-active (top_k experts, plus the router when `model.count_router`, as params_active); they
+differ in the N of 6N and in attention:
 - `6n` (Kaplan et al. 2020): 6 * params_active_nonembedding; no embedding, no unembedding, no
   attention matrices.
 - `6n_emb` (the sparse-layers study, arXiv 2605.09165): 6 * params_active, i.e. with embedding
-  and unembedding. The study says router FLOPs are not counted, but its published N_active
-  (167.5M) includes the router weights (167.4M without), so they are in, as 6 x their params.
+  and unembedding. The study says router FLOPs are not counted; its presets say so with
+  `model.count_router=false` (its published 167M active fits either count); elsewhere the
+  router is counted by default, as 6 x its params.
 - `6n_attn`: `6n_emb` plus the T x T attention matmuls (q.k logits and probs.v), computed over
   the full matrix: 12 * T * n_heads * d_head per layer use (Chinchilla's appendix F count).
 - `6n_attn_causal`: the same with the attention term halved, what a causal kernel that skips
@@ -90,9 +94,9 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     p = layer_params(cfg)
     V, D, L, K = cfg.vocab_size, cfg.d_model, cfg.n_unique, cfg.n_loops
     final_norm = D if cfg.norm_gain else 0
-    shared = p["attention"] + p["norms"] + p["router"]
-    stored_layer = shared + p["ffn_stored"]
-    active_layer = shared + p["ffn_active"]
+    shared = p["attention"] + p["norms"]
+    stored_layer = shared + p["router"] + p["ffn_stored"]
+    active_layer = shared + (p["router"] if cfg.count_router else 0) + p["ffn_active"]
     embedding = 2 * V * D
     unique = L * stored_layer + final_norm
     active_nonemb = K * L * active_layer + final_norm
@@ -274,6 +278,7 @@ def report(cfg: ModelConfig, seq_len: int, convention: FlopConvention,
     """The analytic part of `loopscale flops`: params, and FLOPs per token under each view."""
     out: dict = dict(param_counts(cfg))
     out["flop_convention"] = convention.value
+    out["count_router"] = cfg.count_router  # whether params_active and the 6N FLOPs hold routers
     out["flops_per_token_train"] = flops_per_token(cfg, seq_len, convention)
     out["flops_per_token_6n"] = flops_per_token(cfg, seq_len, FlopConvention.KAPLAN)
     out["flops_per_token_by_convention"] = flops_by_convention(cfg, seq_len)

@@ -53,10 +53,33 @@ def test_the_studies_published_sizes():
 
     assert round(m("experiments/base.py:paper")["params_total"] / 1e6, 1) == 246.0
     lm = m("experiments/looped_moe.py:paper")
-    assert round(lm["params_total"] / 1e6, 1) == 216.4
-    assert round(lm["params_active"] / 1e6, 1) == 167.5
+    assert round(lm["params_total"] / 1e6) == 216
+    assert round(lm["params_active"] / 1e6) == 167
     assert round(m("experiments/flt.py:paper")["params_total"] / 1e6, 1) == 317.9
     assert round(m("experiments/flt.py:small")["params_total"] / 1e6, 1) == 127.1
+
+
+def test_the_router_counts_only_where_the_config_says():
+    """The sparse-layers study leaves the router out of N_active and its FLOPs (its presets:
+    model.count_router=false); counted, it adds D*E per MoE layer use, 6x that in FLOPs. What
+    is stored does not change."""
+    cfg = config("experiments/looped_moe.py:paper")
+    m, T = cfg.model, cfg.train.seq_len
+    assert not m.count_router
+    counted = dataclasses.replace(m, count_router=True)
+    a, b = flops.param_counts(m), flops.param_counts(counted)
+    router_uses = m.n_loops * m.n_unique * m.d_model * m.n_experts
+    assert b["params_active"] - a["params_active"] == router_uses
+    assert b["params_active_stored"] - a["params_active_stored"] == router_uses // m.n_loops
+    for key in ("params_unique", "params_effective", "params_total"):
+        assert a[key] == b[key]
+    for conv in FlopConvention:
+        diff = flops.flops_per_token(counted, T, conv) - flops.flops_per_token(m, T, conv)
+        assert diff == 6 * router_uses
+    assert flops.report(m, T, cfg.flop_convention)["count_router"] is False
+    dense = config("experiments/base.py:paper").model  # no router: nothing to leave out
+    assert flops.param_counts(dense) == flops.param_counts(
+        dataclasses.replace(dense, count_router=True))
 
 
 def test_loop_and_moe_readings_of_the_param_counts():
@@ -146,6 +169,7 @@ def test_cli_prints_the_report(capsys):
         assert key in out
     assert out["params_effective"] == 2 * out["params_unique"]
     assert out["xla_flops_per_token_train"] is None
+    assert (out["flop_convention"], out["count_router"]) == ("6n_emb", True)  # tiny: defaults
 
 
 def test_cli_bad_override_exits_2(capsys):

@@ -5,6 +5,8 @@ Keys: params_embedding (input embedding + unembedding), params_unique (other sto
 params_effective (those per use, K x the layers), params_active (per use, MoE router + top_k
 experts, with the vocabulary matrices: the sparse-layers study's N_active; the variants
 params_active_nonembedding and params_active_stored give the other readings), params_total;
+flop_convention and count_router (whether the active counts and the 6N FLOPs include the MoE
+routers' weights: model.count_router, false in the sparse-layers study's presets);
 flops_per_token_train (the config's flop_convention), flops_per_token_6n (6 x non-embedding
 active params per use), flops_per_token_by_convention, flops_per_token_computed (what the
 compiled step executes), xla_flops_per_token_train (XLA's cost analysis of the unrolled step

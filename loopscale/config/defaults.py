@@ -45,6 +45,7 @@ def base_config() -> ConfigDict:
             remat="none",
             scan=True,
             dtype="float32",
+            count_router=True,
         )
     )
 

@@ -35,6 +35,7 @@ def sparse_study(arg: str | None, n_unique: int, n_loops: int, ffn: str,
         m.d_model, m.n_heads, m.vocab_size = paper_d_model, paper_d_model // 64, GPT2_VOCAB
         c.train.seq_len, c.train.batch_size = 1024, 256
         m.dtype = "bfloat16"  # activations; parameters, softmaxes and the loss stay float32
+        m.count_router = False  # "router FLOPs are not counted": N_active leaves the router out
     else:  # tiny: byte-level text
         m.d_model, m.n_heads = 64, 1
         m.n_unique = max(1, n_unique // 4)

@@ -151,6 +151,9 @@ class ModelConfig:
     remat: Remat
     scan: bool  # nested scans (True) or plain Python loops (False); same params either way
     dtype: DType  # activation dtype; parameters and softmaxes stay float32
+    # Accounting only (flops.py): whether params_active and the 6N FLOPs count the MoE routers'
+    # weights. The sparse-layers study does not (its paper presets: false); the model has them.
+    count_router: bool
 
     @property
     def d_head(self) -> int:
