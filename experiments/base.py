@@ -5,8 +5,10 @@
 
 Backbone of arXiv 2605.09165 (PAPERS.md section 2): rotary, head size 64, SwiGLU with
 d_ff = 64*ceil(8d/3/64), gain-free pre-norm RMSNorm, no biases, untied embeddings, GPT-2
-vocabulary, the study's muP variant (`mup_sparse`, base width 128). `tiny` runs on a CPU in
-seconds on byte-level text.
+vocabulary, the study's muP variant (`mup_sparse`, base width 128). `paper` is the study's
+compute-optimal Base model at 1e18 FLOPs; `paper,BUDGET` another of its budgets, where the study
+gives the width (the table in loopscale/config/presets.py). `tiny` runs on a CPU in seconds on
+byte-level text.
 """
 
 from ml_collections import ConfigDict
@@ -15,6 +17,4 @@ from loopscale.config.presets import sparse_study
 
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
-    c = sparse_study(arg, n_unique=16, n_loops=1, ffn="dense", paper_d_model=896)
-    c.name = "base"
-    return c
+    return sparse_study(arg, "base")

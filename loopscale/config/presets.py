@@ -18,27 +18,71 @@ from loopscale.config.defaults import base_config
 
 GPT2_VOCAB = 50257
 
+# The study's four families at 16 effective layers: (unique layers, loops, FFN).
+FAMILIES = {
+    "base": (16, 1, "dense"),
+    "looped": (8, 2, "dense"),
+    "moe": (16, 1, "moe"),
+    "looped_moe": (8, 2, "moe"),
+}
 
-def sparse_study(arg: str | None, n_unique: int, n_loops: int, ffn: str,
-                 paper_d_model: int) -> ConfigDict:
-    """The four families of the sparse-layers study differ only in these four arguments."""
+# The study's IsoFLOP budgets and, per family, the compute-optimal width at each, as far as the
+# study reports one (PAPERS.md section 2 and issue 12): at 1e18 Base d 896 (246M), Looped 168M
+# stored (d 896: 168.0M), MoE 366M stored (no width of the grid gives it: d 704 has 362.1M, d 768
+# 417.0M; d 704 is the nearest) and Looped-MoE d 704 (216M stored, 167M active). The optima at the
+# three smaller budgets are not given as widths or sizes there: None, not guessed.
+BUDGETS = (5e16, 2e17, 5e17, 1e18)
+OPTIMAL_WIDTH: dict[str, dict[float, int | None]] = {
+    "base": {5e16: None, 2e17: None, 5e17: None, 1e18: 896},
+    "looped": {5e16: None, 2e17: None, 5e17: None, 1e18: 896},
+    "moe": {5e16: None, 2e17: None, 5e17: None, 1e18: 704},
+    "looped_moe": {5e16: None, 2e17: None, 5e17: None, 1e18: 704},
+}
+
+
+def budget_name(budget: float) -> str:
+    """5e16, not 5e+16: as the study writes its budgets (and as `paper,BUDGET` takes them)."""
+    return f"{budget:.0e}".replace("e+", "e")
+
+
+def optimal_width(family: str, budget: float) -> int:
+    """The study's compute-optimal d_model of `family` at `budget` FLOPs; a ValueError (one line,
+    shown by the config loader) where the study does not give it."""
+    widths = OPTIMAL_WIDTH[family]
+    if budget not in widths:
+        raise ValueError(f"{budget_name(budget)} is not one of the study's budgets "
+                         f"({', '.join(map(budget_name, BUDGETS))})")
+    if widths[budget] is None:
+        raise ValueError(f"the sparse-layers study gives no compute-optimal width for {family} at "
+                         f"{budget_name(budget)} FLOPs; set --config.model.d_model (and n_heads "
+                         f"= d/64)")
+    return widths[budget]
+
+
+def sparse_study(arg: str | None, family: str) -> ConfigDict:
+    """The `family` of the sparse-layers study. ARG `tiny` (default): byte-level text on a CPU;
+    `paper`: the compute-optimal model at 1e18 FLOPs; `paper,BUDGET`: at another of the
+    study's budgets, where it gives the width."""
+    size, _, budget = (arg or "tiny").partition(",")
     c = base_config()
+    c.name = family
     m = c.model
-    m.n_unique, m.n_loops, m.ffn = n_unique, n_loops, ffn
+    m.n_unique, m.n_loops, m.ffn = FAMILIES[family]
     m.injection = "repeat"  # plain repetition: no re-injection, no prelude/coda
     m.head_dim = 64
     m.param = "mup_sparse"
     c.train.b2 = 0.999
     c.train.weight_decay, c.train.weight_decay_mode = 1e-4, "independent"
     c.train.schedule, c.train.cooldown, c.train.decay_frac, c.train.min_lr_frac = "wsd", "sqrt", 0.1, 0.05
-    if arg == "paper":
-        m.d_model, m.n_heads, m.vocab_size = paper_d_model, paper_d_model // 64, GPT2_VOCAB
+    if size == "paper":
+        d = optimal_width(family, float(budget or 1e18))
+        m.d_model, m.n_heads, m.vocab_size = d, d // 64, GPT2_VOCAB
         c.train.seq_len, c.train.batch_size = 1024, 256
         m.dtype = "bfloat16"  # activations; parameters, softmaxes and the loss stay float32
         m.count_router = False  # "router FLOPs are not counted": N_active leaves the router out
     else:  # tiny: byte-level text
         m.d_model, m.n_heads = 64, 1
-        m.n_unique = max(1, n_unique // 4)
+        m.n_unique = max(1, m.n_unique // 4)
         c.train.seq_len, c.train.batch_size, c.train.steps = 64, 8, 50
         c.train.warmup_steps = 5
     return c
