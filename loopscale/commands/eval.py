@@ -5,9 +5,10 @@ Writes RUN_DIR/eval/NAME.json and NAME.png per measurement (loopscale/evaluate/s
 `collect` reads their figures as columns. Built: `ppl` (held-out loss and perplexity at every
 loop exit), `loops` (at inference loop counts 1 to twice the trained count), `jsd` (each exit's
 Jensen-Shannon divergence from the final one), `routing` (MoE routing across loop passes),
-`accuracy` (permutation traversal, per hop, beside the shortcut). The other measurements of the
-studies (early exit, logit lens, probes, patching, multiple choice) are not
-built yet and are refused by name.
+`accuracy` (permutation traversal, per hop, beside the shortcut), `lens` and `probes`
+(permutation traversal: the logit lens and linear probes of the node after each hop, per
+iteration and layer). The other measurements of the studies (early exit, patching, multiple
+choice) are not built yet and are refused by name.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="measure a run's checkpoint on held-out data",
                               description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--workdir", required=True, help="the run directory")
-    p.add_argument("--what", default="ppl", help="comma-separated: ppl, loops, jsd, routing, accuracy")
+    p.add_argument("--what", default="ppl", help="comma-separated: ppl, loops, jsd, routing, accuracy, lens, probes, ...")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     p.add_argument("--batches", type=int, default=None,
                    help="held-out batches (default: the run's train.eval_batches)")

@@ -15,6 +15,12 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
             (routing.py)
     accuracy  permutation traversal: final-answer accuracy overall, per hop count and per loop
             exit, beside the shortcut accuracy (answers.py)
+    lens    permutation traversal: the logit lens at every layer and loop boundary, at the
+            answer position: share naming the node after hop j, per iteration and depth (the
+            ladder), each iteration's best hop (lens.py, ladder.py)
+    probes  permutation traversal: linear probes for the node after hop j at every layer and
+            loop boundary, fitted on half the held-out examples and scored on the other half,
+            beside the lens on the same examples (probes.py, probe_fit.py); one process tested
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.data import permutation
+from loopscale.evaluate import lens, probes
 from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
 from loopscale.errors import UsageError
@@ -257,4 +264,6 @@ def plot_loops(result: dict, title: str):
 
 MEASURES = {Measure.PPL: (ppl, plot_ppl), Measure.LOOPS: (loops, plot_loops),
             Measure.JSD: (jsd, plot_jsd), Measure.ROUTING: (routing, plot_routing),
-            Measure.ACCURACY: (accuracy, plot_accuracy)}
+            Measure.ACCURACY: (accuracy, plot_accuracy),
+            Measure.LENS: (lens.lens, lens.plot_lens),
+            Measure.PROBES: (probes.probes, probes.plot_probes)}
