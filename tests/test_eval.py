@@ -42,12 +42,21 @@ def test_ppl_and_loops_of_a_checkpoint(tmp_path, capsys):
     assert row["ppl_loss"] == ppl["loss"] and row["loops_loss_at_trained"] == ppl["loss"]
 
 
-@pytest.mark.slow
-def test_loops_of_a_looped_run_at_every_count(tmp_path):
-    corpus = trainkit.write_corpus(str(tmp_path / "text"))
-    cfg = trainkit.config("looped", corpus, str(tmp_path / "cache"),
+@pytest.fixture(scope="module")
+def looped_run(tmp_path_factory):
+    """A tiny looped run trained once for this file's measurements: (config, run directory)."""
+    tmp = tmp_path_factory.mktemp("looped")
+    corpus = trainkit.write_corpus(str(tmp / "text"))
+    cfg = trainkit.config("looped", corpus, str(tmp / "cache"),
                           **{"train.steps": 4, "train.checkpoint_every": 0})
-    assert train(cfg, str(tmp_path / "run")) == 0
+    assert train(cfg, str(tmp / "run")) == 0
+    return cfg, tmp / "run"
+
+
+@pytest.mark.slow
+def test_loops_of_a_looped_run_at_every_count(looped_run):
+    cfg, run = looped_run
+    tmp_path = run.parent
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert main(["eval", f"--workdir={tmp_path / 'run'}", "--what=loops,ppl"]) == 0
     loops = json.loads((tmp_path / "run" / "eval" / "loops.json").read_text())
@@ -89,7 +98,7 @@ def test_loops_of_a_looped_run_at_every_count(tmp_path):
 
 
 @pytest.mark.parametrize("args,phrase", [
-    (["--what=early_exit"], "--what=early_exit is not built yet"),
+    (["--what=ppl,nope"], "--what=nope is not a measurement"),
     (["--what=nope"], "--what=nope is not a measurement"),
     (["--what=ppl", "--step=3"], "no checkpoint at step 3 (there are: 4)"),
 ])
@@ -100,6 +109,95 @@ def test_bad_eval_requests_exit_2_in_one_line(tmp_path, capsys, args, phrase):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and phrase in err[0], err
     assert not (run / "eval").exists()
+
+
+def _exit_reference(run, batches: int, at_layers: bool):
+    """Per candidate exit, each token's logit-lens entropy (nats) and loss, from the whole
+    (C, N, T, V) logits in float64: (entropy_CxNxT, loss_CxNxT, mask_NxT)."""
+    import jax
+    import numpy as np
+
+    from loopscale import data as data_lib
+    from loopscale.model import LoopedLM
+    from loopscale.rundir.load import load_run
+
+    config, params = load_run(run)
+    params = jax.device_get(params)
+    model = LoopedLM(config.model, collect_layers=at_layers)
+    train_cfg = dataclasses.replace(config.train, eval_batches=batches)
+    entropy, loss, mask = [], [], []
+    for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
+        out = model.apply({"params": params}, b["inputs"], readout=False)
+        hidden = out.layer_hidden[0] if at_layers else out.loop_hidden
+        logits = model.apply({"params": params}, hidden, method=LoopedLM.readout)
+        logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), -1))
+        entropy.append(-(np.exp(logp) * logp).sum(-1))
+        loss.append(-np.take_along_axis(logp, b["targets"][None, ..., None], -1)[..., 0])
+        mask.append(np.asarray(b["mask"], np.float64))
+    return np.concatenate(entropy, 1), np.concatenate(loss, 1), np.concatenate(mask, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["looped", "layers"])
+def test_early_exit_against_the_whole_logits(which, looped_run, tmp_path):
+    """A looped run exits at loop boundaries, a run without loops (the fixture's, 4 layers)
+    at its layers; every point of the tau sweep equals the exit rule applied by hand."""
+    import numpy as np
+
+    from loopscale.config.schema import FlopConvention
+    from loopscale.evaluate import early_exit as exits
+    from loopscale.flops import param_counts
+    from loopscale.rundir.run import read_config
+
+    if which == "looped":
+        run = looped_run[1]
+    else:
+        run = tmp_path / "run"
+        shutil.copytree(FIXTURE, run)
+    cfg = read_config(run)
+    K, L = cfg.model.n_loops, cfg.model.n_unique
+    assert main(["eval", f"--workdir={run}", "--what=early_exit,ppl", "--batches=2"]) == 0
+    got = json.loads((run / "eval" / "early_exit.json").read_text())
+    entropy, loss, mask = _exit_reference(run, 2, at_layers=which == "layers")
+    C = entropy.shape[0]
+    assert got["candidates"] == ("loop boundaries" if which == "looped" else "layers")
+    assert got["candidate_uses"] == ([L * (k + 1) for k in range(K)] if K > 1
+                                     else list(range(1, L + 1)))
+    assert len(got["candidate_uses"]) == C and got["tokens"] == mask.sum()
+    want = []
+    for tau in got["tau"]:
+        below = np.concatenate([entropy[:-1] < tau, np.ones_like(entropy[:1], bool)])
+        first = np.argmax(below, axis=0)
+        want.append((np.take_along_axis(loss, first[None], 0)[0] * mask).sum() / mask.sum())
+    # The tiny looped model's entropies crowd just under ln V, 1e-5 apart, so a few tokens'
+    # exits at a threshold hang on float32 rounding (up to 7e-5 of the mean loss seen); the
+    # next candidate's loss differs by far more than 1e-4 (checked below), so a wrong rule fails.
+    np.testing.assert_allclose(got["loss"], want, rtol=1e-4)
+    first_loss, full_loss = ((loss[[0, -1]] * mask).sum((1, 2)) / mask.sum()).tolist()
+    assert abs(first_loss - full_loss) > 1e-3 * full_loss
+    # tau = 0: nobody leaves early (the model's own loss); past ln V everybody leaves at the
+    # first candidate, saving all the depth after it.
+    ppl = json.loads((run / "eval" / "ppl.json").read_text())
+    assert got["loss"][0] == pytest.approx(ppl["loss"], rel=1e-5)
+    assert got["exit_share"][-1][0] == 1.0 and got["flops_saved"][0] == 0.0
+    layer_use, forward = exits.layer_use_flops(cfg.model, cfg.train.seq_len,
+                                               FlopConvention.SPARSE_STUDY)
+    p = param_counts(cfg.model)
+    final_norm = cfg.model.d_model if cfg.model.norm_gain else 0
+    assert forward == 2 * p["params_active"]
+    assert forward - K * L * layer_use == pytest.approx(
+        2 * (p["params_active"] - p["params_active_nonembedding"] + final_norm))
+    assert cfg.flop_convention is FlopConvention.SPARSE_STUDY
+    first_uses = got["candidate_uses"][0]
+    assert got["flops_saved"][-1] == pytest.approx((K * L - first_uses) * layer_use / forward)
+    assert np.all(np.diff(got["flops_saved"]) >= -1e-12)  # more tau, never less saved
+    for pct in exits.SAVED_TARGETS:
+        value = got[f"ppl_at_{pct}"]
+        assert (value is None) == (pct / 100 > got["max_saved"])
+        if value is not None:
+            assert min(got["ppl"]) - 1e-9 <= value <= max(got["ppl"]) + 1e-9
+    assert (run / "eval" / "early_exit.png").read_bytes()[:4] == b"\x89PNG"
+    assert collect_dir(str(run))[0]["early_exit_ppl_full"] == got["ppl_full"]
 
 
 @pytest.mark.slow
@@ -147,10 +245,9 @@ def test_permutation_accuracy_per_hop_beside_the_shortcut(tmp_path):
     import numpy as np
 
     from loopscale import data as data_lib
+    from loopscale.config import load_config, parse
     from loopscale.model import LoopedLM
     from loopscale.rundir.load import load_run
-
-    from loopscale.config import load_config, parse
 
     cfg = parse(load_config("experiments/permutation.py:tiny", [
         "--config.train.steps=3", "--config.train.checkpoint_every=0",

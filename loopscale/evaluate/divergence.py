@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from loopscale.config.schema import TrainConfig
+from loopscale.evaluate.lm import map_position_chunks, summed_over_micro_batches
 from loopscale.model import LoopedLM
-from loopscale.model.loss import chunk_size
-from loopscale.train.step import micro_batches, readout_fn
+from loopscale.train.step import readout_fn
 
 BELOW = 0.5  # bits: the share of tokens whose exit is this close to the final distribution
 
@@ -39,27 +39,18 @@ def jsd_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
     def sums(micro):
         out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
         hidden_KxBxTxD = out.loop_hidden
-        K, B, T, D = hidden_KxBxTxD.shape
-        c = chunk_size(T, train.ce_chunk)
+        K = hidden_KxBxTxD.shape[0]
         mask_BxT = micro["mask"].astype(jnp.float32)
 
-        def chunk(h_KxBxcxD):
+        def chunk(h_KxBxcxD, _):
             logq = jax.nn.log_softmax(readout(h_KxBxcxD[-1]).astype(jnp.float32), -1)
             return jnp.stack([_js_bits(jax.nn.log_softmax(readout(h_KxBxcxD[k]).astype(
                 jnp.float32), -1), logq) for k in range(K - 1)])  # (K-1, B, c)
 
-        if c == T:
-            js = chunk(hidden_KxBxTxD)
-        else:
-            parts = hidden_KxBxTxD.reshape(K, B, T // c, c, D).transpose(2, 0, 1, 3, 4)
-            js = jax.lax.map(jax.checkpoint(chunk), parts)  # (n, K-1, B, c)
-            js = js.transpose(1, 2, 0, 3).reshape(K - 1, B, T)
+        js = map_position_chunks(chunk, hidden_KxBxTxD, micro["targets"], train.ce_chunk)
         return {"js_sum": jnp.sum(js * mask_BxT, (1, 2)),
                 "js_sq_sum": jnp.sum(js ** 2 * mask_BxT, (1, 2)),
                 "below": jnp.sum((js < BELOW) * mask_BxT, (1, 2)),
                 "weight": jnp.sum(mask_BxT)}
 
-    if train.grad_accum == 1:
-        return sums(batch)
-    parts = jax.lax.map(sums, micro_batches(batch, train.grad_accum))
-    return jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)
+    return summed_over_micro_batches(sums, batch, train.grad_accum)

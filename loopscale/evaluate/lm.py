@@ -17,7 +17,7 @@ import numpy as np
 
 from loopscale.config.schema import TrainConfig
 from loopscale.model import LoopedLM
-from loopscale.model.loss import token_losses
+from loopscale.model.loss import chunk_size, token_losses
 from loopscale.train import mesh as mesh_lib
 from loopscale.train.step import micro_batches, readout_fn
 
@@ -37,10 +37,32 @@ def eval_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: in
                     for h in out.loop_hidden]
         return {"loss_sum_per_loop": jnp.stack(per_loop), "weight": jnp.sum(mask)}
 
-    if train.grad_accum == 1:
+    return summed_over_micro_batches(sums, batch, train.grad_accum)
+
+
+def summed_over_micro_batches(sums, batch, accum: int):
+    """`sums(micro_batch)` (a pytree of sums) added up over the train step's `accum`
+    micro-batches: an evaluation holds in memory what one train step's forward pass does."""
+    if accum == 1:
         return sums(batch)
-    parts = jax.lax.map(sums, micro_batches(batch, train.grad_accum))
+    parts = jax.lax.map(sums, micro_batches(batch, accum))
     return jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)
+
+
+def map_position_chunks(fn, hidden_NxBxTxD: jax.Array, targets_BxT: jax.Array, chunk: int):
+    """`fn(h_NxBxcxD, targets_Bxc)` -> a pytree of (..., B, c) per-token figures, applied
+    `chunk` positions at a time (model/loss.chunk_size) and reassembled to (..., B, T): every
+    exit's vocabulary projection is read a few positions at a time, so no (N, B, T, V)
+    logits exist whole, as in the loss (model/loss.py)."""
+    N, B, T, D = hidden_NxBxTxD.shape
+    c = chunk_size(T, chunk)
+    if c == T:
+        return fn(hidden_NxBxTxD, targets_BxT)
+    n = T // c
+    parts = (hidden_NxBxTxD.reshape(N, B, n, c, D).transpose(2, 0, 1, 3, 4),
+             targets_BxT.reshape(B, n, c).transpose(1, 0, 2))
+    out = jax.lax.map(lambda part: fn(*part), parts)  # leaves (n, ..., B, c)
+    return jax.tree.map(lambda x: jnp.moveaxis(x, 0, -2).reshape(*x.shape[1:-2], B, T), out)
 
 
 def jit_eval_step(model: LoopedLM, train: TrainConfig, n_loops: int, *, param_shardings,

@@ -8,6 +8,10 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
 
     ppl     held-out loss and perplexity at every loop exit (the last is the model's)
     loops   loss and perplexity at inference loop counts 1 .. 2K (K the trained count)
+    early_exit  per token, exit at the first loop boundary (layer, without loops) whose
+            logit-lens entropy is below tau; tau swept: perplexity against forward FLOPs
+            saved, and at 5/10/20/30% saved (the sparse-layers study's Table 7;
+            early_exit.py says how exits are simulated)
     jsd     Jensen-Shannon divergence (bits) of each exit's distribution from the final one:
             mean and spread over tokens, share of tokens below 0.5 (divergence.py)
     routing MoE top-k sets across loop passes per physical layer: identical / overlapping /
@@ -31,11 +35,13 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.data import permutation
+from loopscale.evaluate import early_exit as exits
 from loopscale.evaluate import lens, probes
 from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
@@ -98,16 +104,18 @@ class Loaded:
             out = evaluate(step, self.params, self._held_out(), batch_sharding)
         return out["eval_loss_per_loop"], out["eval_tokens"]
 
-    def sums(self, step_fn) -> dict:
-        """`step_fn(params, batch, model=, train=, n_loops=)`'s sums over the held-out batches,
-        at the trained loop count."""
+    def sums(self, step_fn, max_batches: int | None = None) -> dict:
+        """`step_fn(params, batch, model=, train=, n_loops=)`'s sums over the held-out batches
+        (the first `max_batches` of them), at the trained loop count."""
         params_sharding, batch_sharding = self._shardings()
         step = jax.jit(functools.partial(step_fn, model=self.model, train=self.train,
                                          n_loops=self.config.model.n_loops),
                        in_shardings=(params_sharding, batch_sharding))
         total = None
         with mesh_lib.activate(self.mesh):
-            for local in self._held_out().iterator():
+            for i, local in enumerate(self._held_out().iterator()):
+                if i == max_batches:
+                    break
                 out = jax.device_get(step(self.params, mesh_lib.global_batch(local, batch_sharding)))
                 total = out if total is None else jax.tree.map(np.add, total, out)
         return total
@@ -148,6 +156,22 @@ def jsd(run: Loaded) -> dict:
     return {"n_loops": k, "exits": list(range(1, k)), "mean": mean.tolist(), "std": std.tolist(),
             "share_below": (np.asarray(s["below"]) / n).tolist(), "below": BELOW,
             "tokens": float(s["weight"]), "mean_first_exit": float(mean[0])}
+
+
+def early_exit(run: Loaded) -> dict:
+    """Entropy-threshold early exit at the trained loop count (early_exit.py)."""
+    c = run.config
+    cands = exits.Candidates.of(c.model, c.model.n_loops)
+    if len(cands.uses) < 2:
+        raise UsageError(f"--what=early_exit needs a looped model or more than one layer; "
+                         f"{c.name} has one layer and one loop")
+    sample = run.sums(exits.entropy_step, max_batches=1)
+    taus = exits.tau_grid(c.model.vocab_size, np.asarray(sample["entropy"])[
+        :, np.asarray(sample["mask"], bool)])
+    sums = run.sums(functools.partial(exits.exit_step, taus=jnp.asarray(taus, jnp.float32)))
+    layer_use, forward = exits.layer_use_flops(c.model, c.train.seq_len, c.flop_convention)
+    check = 2.0 * c.model.d_model * c.model.vocab_size
+    return exits.summarise(sums, taus, cands, layer_use, forward, check)
 
 
 def routing(run: Loaded) -> dict:
@@ -201,8 +225,8 @@ def accuracy(run: Loaded) -> dict:
             batch = {k: local[k] for k in ("inputs", "answer_pos")}
             preds.append(np.asarray(jax.device_get(step(
                 run.params, mesh_lib.global_batch(batch, batch_sharding)))))
-            for key in fields:
-                fields[key].append(np.asarray(local[key]))
+            for key, values in fields.items():
+                values.append(np.asarray(local[key]))
     # One process: the predictions are the whole batch's, in the order of its rows. (With
     # several processes each would have to keep the rows it holds: not done yet.)
     predictions = np.concatenate(preds, axis=1)
@@ -262,8 +286,13 @@ def plot_loops(result: dict, title: str):
     return fig
 
 
-MEASURES = {Measure.PPL: (ppl, plot_ppl), Measure.LOOPS: (loops, plot_loops),
-            Measure.JSD: (jsd, plot_jsd), Measure.ROUTING: (routing, plot_routing),
-            Measure.ACCURACY: (accuracy, plot_accuracy),
-            Measure.LENS: (lens.lens, lens.plot_lens),
-            Measure.PROBES: (probes.probes, probes.plot_probes)}
+MEASURES = {
+    Measure.PPL: (ppl, plot_ppl),
+    Measure.LOOPS: (loops, plot_loops),
+    Measure.JSD: (jsd, plot_jsd),
+    Measure.EARLY_EXIT: (early_exit, exits.plot),
+    Measure.ROUTING: (routing, plot_routing),
+    Measure.ACCURACY: (accuracy, plot_accuracy),
+    Measure.LENS: (lens.lens, lens.plot_lens),
+    Measure.PROBES: (probes.probes, probes.plot_probes),
+}

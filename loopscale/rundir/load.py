@@ -43,7 +43,8 @@ def load_run(rundir: str | os.PathLike, step: int | None = None,
     parameters sharded on `mesh` (default: the run's mesh config over this machine's devices).
     Bad input (no run, no checkpoint, a step that is not there) is a UsageError."""
     config = read_config(rundir)
-    directory = epath.Path(rundir) / CHECKPOINTS
+    # orbax wants an absolute path; a gs:// one stays as it is.
+    directory = epath.Path(rundir if "://" in str(rundir) else os.path.abspath(rundir)) / CHECKPOINTS
     available = checkpoint_steps(directory)
     if not available:
         raise UsageError(f"{rundir}: no checkpoint to load")
