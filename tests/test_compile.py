@@ -157,6 +157,26 @@ def test_eval_step_compiles_in_micro_batches(v5p8):
     assert chunked < at_once / 2
 
 
+@pytest.mark.parametrize("step", ["eval:jsd", "eval:early_exit"])
+def test_eval_measurement_steps_compile_in_micro_batches(step, v5p8):
+    """`loopscale eval`'s device steps hold what the eval step holds: a micro-batch's stream
+    at every exit and a few positions' vocabulary at a time, never (K, B, T, V)."""
+    config = _config("flt", "--config.train.batch_size=32", "--config.train.grad_accum=4",
+                     "--config.train.ce_chunk=16", "--config.model.vocab_size=4096")
+    whole = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, grad_accum=1, ce_chunk=0))
+    chunked = aot.memory(aot.lower(config, v5p8, step)[0].compile())["temporaries"]
+    at_once = aot.memory(aot.lower(whole, v5p8, step)[0].compile())["temporaries"]
+    assert chunked < at_once / 2
+
+
+def test_routing_step_of_a_dense_model_is_refused(capsys):
+    assert cli.main(["compile", "--config=experiments/base.py:tiny", "--topology=v5p:2x2x2",
+                     "--step=eval:routing", "--no-cost"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--step=eval:routing needs an MoE model" in err[0]
+
+
 def test_libtpu_start_up_is_quiet_on_a_cpu_machine():
     """libtpu is installed; on a host without TPUs its start-up warnings must not reach users
     of any command (they come from C++ at backend start, before Python logging)."""

@@ -1,6 +1,8 @@
 """Compile the real train (or eval) step for a set of devices and read back what it needs.
 
-The step is the trainer's own (`trainer.jit_train_step` / `evaluate.lm.jit_eval_step`), with
+The step is the trainer's own (`trainer.jit_train_step` / `evaluate.lm.jit_eval_step`, or with
+`eval:NAME` the device step of a `loopscale eval` measurement over LM data: `jsd`, `early_exit`,
+`routing`, bound as `loopscale eval` binds it), with
 the trainer's mesh, shardings and donation, lowered on abstract inputs (nothing is allocated)
 inside the mesh context, then compiled by XLA for the target devices: TPU chips of a topology
 this host does not have (libtpu's compiler), or the local devices.
@@ -22,17 +24,21 @@ What comes back, per chip:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from loopscale import flops as flops_lib
 from loopscale.aot import topology
+from loopscale.aot.steps import MEASURE_STEPS
 from loopscale.config import Config
-from loopscale.config.schema import FlopConvention
+from loopscale.config.schema import FFNKind, FlopConvention
+from loopscale.errors import UsageError
 from loopscale.evaluate import lm
 from loopscale.train import mesh as mesh_lib
 from loopscale.train import trainer
@@ -47,6 +53,18 @@ _COLLECTIVE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(",
     re.MULTILINE)
 _ARRAY_RE = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def _measure_step(config: Config, step: str):
+    from loopscale.evaluate import divergence, early_exit, routing
+
+    if step == "eval:routing" and config.model.ffn is not FFNKind.MOE:
+        raise UsageError(f"--step=eval:routing needs an MoE model; {config.name} has "
+                         f"model.ffn={config.model.ffn.value}")
+    return {"eval:jsd": divergence.jsd_step,
+            "eval:early_exit": functools.partial(  # thresholds are data: any values will do
+                early_exit.exit_step, taus=np.zeros(early_exit.N_TAU, np.float32)),
+            "eval:routing": routing.routing_step}[step]
 
 
 def abstract_batch(config: Config, sharding) -> dict:
@@ -74,9 +92,14 @@ def lower(config: Config, devices, step: str = "train"):
         if step == "train":
             lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=mesh_lib.replicated(s.mesh))
             return trainer.jit_train_step(s, config.model.n_loops).lower(state, batch, lr), s
-        eval_fn = lm.jit_eval_step(s.model, config.train, config.model.n_loops,
-                                   param_shardings=s.state_shardings.params,
-                                   batch_sharding=s.batch_sharding)
+        if step in MEASURE_STEPS:
+            eval_fn = jax.jit(functools.partial(_measure_step(config, step), model=s.model,
+                                                train=config.train, n_loops=config.model.n_loops),
+                              in_shardings=(s.state_shardings.params, s.batch_sharding))
+        else:
+            eval_fn = lm.jit_eval_step(s.model, config.train, config.model.n_loops,
+                                       param_shardings=s.state_shardings.params,
+                                       batch_sharding=s.batch_sharding)
         return eval_fn.lower(state.params, batch), s
 
 

@@ -1,5 +1,5 @@
-"""`loopscale compile --config=... --topology=v5p-128 [--slices=2] [--step=train|eval]`:
-compiles the real train (or eval) step ahead of time for a TPU topology (libtpu's compiler,
+"""`loopscale compile --config=... --topology=v5p-128 [--slices=2] [--step=train|eval|eval:NAME]`:
+compiles the real train (or eval, or an eval measurement's) step ahead of time for a TPU topology (libtpu's compiler,
 no TPU needed) or, without --topology, for the local devices (GPUs), and prints JSON.
 
 Keys: topology, chips, slices, device_kind, step, mesh (the config's mesh, -1 filled),
@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from loopscale.aot.steps import STEPS
 from loopscale.commands.common import add_config_arg, load_experiment
 from loopscale.errors import UsageError
 from loopscale.rundir.status import ExitCode
@@ -31,7 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--topology", default="",
                    help="v5p:4x4x4, v5p-128, v5litepod-256, v6e-256, ... (default: local devices)")
     p.add_argument("--slices", type=int, default=1, help="slices joined over DCN (data axis)")
-    p.add_argument("--step", choices=("train", "eval"), default="train")
+    p.add_argument("--step", choices=STEPS, default="train",
+                   help="train, eval, or eval:NAME, a loopscale eval measurement's device step")
     p.add_argument("--no-cost", dest="cost", action="store_false",
                    help="skip XLA's cost estimate (flops, step time, MFU, collectives)")
     p.set_defaults(run=run)
