@@ -5,10 +5,12 @@ Writes RUN_DIR/eval/NAME.json and NAME.png per measurement (loopscale/evaluate/s
 `collect` reads their figures as columns. Built: `ppl` (held-out loss and perplexity at every
 loop exit), `loops` (at inference loop counts 1 to twice the trained count), `jsd` (each exit's
 Jensen-Shannon divergence from the final one), `routing` (MoE routing across loop passes),
-`accuracy` (permutation traversal, per hop, beside the shortcut), `lens` and `probes`
+`accuracy` (permutation traversal, per hop, beside the shortcut), `mc` (downstream
+multiple choice on local JSONL tasks, `--tasks=FILE.jsonl[,FILE...]`, default the shipped KJV
+verse task; docs/mc_tasks.md), `lens` and `probes`
 (permutation traversal: the logit lens and linear probes of the node after each hop, per
-iteration and layer). The other measurements of the studies (early exit, patching, multiple
-choice) are not built yet and are refused by name.
+iteration and layer). The other measurements of the studies (early exit, patching) are
+not built yet and are refused by name.
 """
 
 from __future__ import annotations
@@ -24,13 +26,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     p.add_argument("--batches", type=int, default=None,
                    help="held-out batches (default: the run's train.eval_batches)")
+    p.add_argument("--tasks", default=None,
+                   help="--what=mc: comma-separated task files (JSONL, docs/mc_tasks.md; "
+                        "default: the shipped KJV verse task)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from loopscale.errors import UsageError
+    from loopscale.evaluate.measures import Measure
     from loopscale.evaluate.suite import evaluate_run, parse_what
 
     what = parse_what(args.what)  # bad names: exit 2 before loading anything
-    for measure, path in evaluate_run(args.workdir, what, args.step, args.batches).items():
+    tasks = tuple(p.strip() for p in (args.tasks or "").split(",") if p.strip())
+    if args.tasks is not None and (Measure.MC not in what or not tasks):
+        raise UsageError("--tasks names task files for --what=mc")
+    for measure, path in evaluate_run(args.workdir, what, args.step, args.batches,
+                                      tasks).items():
         print(f"{measure.value}: {path}")
     return 0

@@ -25,6 +25,10 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
     probes  permutation traversal: linear probes for the node after hop j at every layer and
             loop boundary, fitted on half the held-out examples and scored on the other half,
             beside the lens on the same examples (probes.py, probe_fit.py); one process tested
+    mc      downstream multiple choice, OLMES-style: local JSONL tasks (--tasks; default the
+            shipped KJV verse task) as cloze and lettered choices, log-likelihood scored with
+            none / per-token / per-char / PMI normalisation, accuracy with bootstrap intervals
+            (mc.py, mc_score.py, mc_tasks.py; the format: docs/mc_tasks.md)
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
 from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
+from loopscale.evaluate.mc import mc, plot_mc
+from loopscale.evaluate.mc_tasks import fingerprint
 from loopscale.evaluate.routing import routing_step
 from loopscale.model import LoopedLM
 from loopscale.train import mesh as mesh_lib
@@ -77,6 +83,7 @@ class Loaded:
     params: object
     mesh: jax.sharding.Mesh
     batches: int  # held-out batches of config.train.batch_size sequences
+    tasks: tuple[str, ...] = ()  # --tasks: mc's task files (none: the shipped one)
 
     @property
     def model(self) -> LoopedLM:
@@ -295,4 +302,10 @@ MEASURES = {
     Measure.ACCURACY: (accuracy, plot_accuracy),
     Measure.LENS: (lens.lens, lens.plot_lens),
     Measure.PROBES: (probes.probes, probes.plot_probes),
+    Measure.MC: (mc, plot_mc),
 }
+
+# What a measurement reads besides the checkpoint and the held-out batches (from --tasks), as
+# a JSON-able identity: suite.py records it and keeps a result only while it is unchanged. It
+# is computed before the checkpoint is loaded, so a bad task file is refused first.
+INPUTS = {Measure.MC: fingerprint}

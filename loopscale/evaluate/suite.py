@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 
 from loopscale.errors import UsageError
-from loopscale.evaluate.measures import MEASURES, Loaded, Measure
+from loopscale.evaluate.measures import INPUTS, MEASURES, Loaded, Measure
 from loopscale.files import read_json, write_atomic, write_json
 from loopscale.rundir.load import load_run
 from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_config
@@ -43,19 +43,21 @@ def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
 
 
 def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
-                 batches: int | None = None) -> dict[Measure, str]:
+                 batches: int | None = None, tasks: Sequence[str] = ()) -> dict[Measure, str]:
     """Takes the measurements `what` of the run in `rundir` (UsageError if it cannot); returns
-    the JSON path of each, measured now or kept from before."""
+    the JSON path of each, measured now or kept from before. `tasks`: mc's task files."""
     available = checkpoint_steps(os.path.join(rundir, CHECKPOINTS))
     if step is None and available:
         step = available[-1]
     out_dir = os.path.join(rundir, EVAL)
     paths = {m: os.path.join(out_dir, f"{m.value}.json") for m in what}
+    inputs = {m: INPUTS[m](tuple(tasks)) for m in what if m in INPUTS}  # bad input: refused now
     loaded = None
     for measure in what:
         previous = read_json(paths[measure]) or {}
         if step is not None and previous.get("checkpoint_step") == step and \
-                (batches is None or previous.get("batches") == batches):
+                (batches is None or previous.get("batches") == batches) and \
+                previous.get("inputs") == inputs.get(measure):
             continue  # up to date
         if loaded is None:
             mesh = make_mesh(read_config(rundir).mesh)  # the run's own mesh, on these devices
@@ -63,9 +65,11 @@ def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
             n = batches or config.train.eval_batches
             if n < 1:
                 raise UsageError(f"--batches must be at least 1, got {n}")
-            loaded = Loaded(config, step, params, mesh, n)
+            loaded = Loaded(config, step, params, mesh, n, tuple(tasks))
         measure_fn, plot = MEASURES[measure]
-        result = {"checkpoint_step": step, "batches": loaded.batches, **measure_fn(loaded)}
+        result = {"checkpoint_step": step, "batches": loaded.batches,
+                  **({"inputs": inputs[measure]} if measure in inputs else {}),
+                  **measure_fn(loaded)}
         if jax.process_index() == 0:  # every process measures (sharded); one writes
             fig = plot(result, f"{loaded.config.name} at step {step}: {measure.value}")
             write_atomic(paths[measure].removesuffix(".json") + ".png", _png(fig))
