@@ -10,7 +10,8 @@ Default injection `flt` (FLA + attention injection at every layer); compare with
 
 The study's backbone (arXiv 2605.18797, released code): parameter-free RMSNorm, no biases,
 rotary then qk-norm, head size 128, relu^2 MLP of width 4d, untied embeddings, logits
-soft-capped at 15, zero-initialised output projections, loop 1 on norm(e); Muon on the block
+soft-capped at 15, zero-initialised output projections, loop 1 on norm(e), and (`small`,
+`paper`) the authors' init (`authors_init` below); Muon on the block
 matrices with AdamW on embedding (0.2) and head (0.004), betas (0.8, 0.95), no warmup, constant
 then linear decay over the last 20%, clip 1.0. `paper` is the Base model (12 layers, d 768,
 6 heads: 317.9M params); `small` the Small one (6 layers, d 384, 3 heads: 127.1M); `tiny` the
@@ -24,6 +25,18 @@ from ml_collections import ConfigDict
 from loopscale.config import base_config
 
 QWEN_VOCAB = 151669  # the FLT study's tokenizer
+
+
+def authors_init(m: ConfigDict) -> None:
+    """The released code's init (nanochat/gpt.py, init_weights): embedding normal std 1.0, head
+    normal std 0.001, Q/K/V and the MLP's input uniform with std 1/sqrt(d) (bound sqrt(3/d)),
+    both output projections zero. 1/sqrt(d) follows --config.model.d_model."""
+    inv_sqrt_d = m.get_ref("d_model").to_float() ** -0.5
+    table = {"embedding": ("normal", 1.0), "head": ("normal", 0.001),
+             "attn_qkv": ("uniform", inv_sqrt_d), "ffn_in": ("uniform", inv_sqrt_d),
+             "attn_out": ("zeros", 0.0), "ffn_out": ("zeros", 0.0)}
+    for role, (dist, std) in table.items():
+        m.init[role].dist, m.init[role].std = dist, std
 
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
@@ -44,6 +57,7 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
         m.vocab_size, m.head_dim = QWEN_VOCAB, 128
         m.d_model, m.n_heads, m.n_unique = (768, 6, 12) if size == "paper" else (384, 3, 6)
         m.base_d_model = m.d_model
+        authors_init(m)
         c.train.seq_len, c.train.batch_size = 1024, 512  # 524,288 tokens per step
         c.train.optimizer = "muon"
         c.train.lr, c.train.embed_lr, c.train.head_lr = 0.02, 0.2, 0.004

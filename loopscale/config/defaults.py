@@ -1,6 +1,10 @@
 """Every default of every config field, in one place. Experiment files start from here."""
 
+import dataclasses
+
 from ml_collections import ConfigDict
+
+from loopscale.config.schema import InitConfig
 
 
 def base_config() -> ConfigDict:
@@ -39,6 +43,8 @@ def base_config() -> ConfigDict:
             param="mup",
             base_d_model=128,
             init_std=0.02,
+            # Per kind of weight (schema.InitConfig); std 0: init_std. model/layers.py draws them.
+            init={f.name: dict(dist="normal", std=0.0) for f in dataclasses.fields(InitConfig)},
             attn_mult=1.0,
             output_mult=1.0,
             emb_mult=1.0,

@@ -12,6 +12,8 @@ file (the FLT study's, experiments/flt.py).
 
 from __future__ import annotations
 
+import math
+
 from ml_collections import ConfigDict
 
 from loopscale.config.defaults import base_config
@@ -37,6 +39,28 @@ OPTIMAL_WIDTH: dict[str, dict[float, int | None]] = {
     "looped": {5e16: None, 2e17: None, 5e17: None, 1e18: 896},
     "moe": {5e16: None, 2e17: None, 5e17: None, 1e18: 704},
     "looped_moe": {5e16: None, 2e17: None, 5e17: None, 1e18: 704},
+}
+
+
+def glorot_std(fan_in: int, fan_out: int) -> float:
+    """Glorot (Xavier) normal std, sqrt(2 / (fan_in + fan_out))."""
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+# The study's init: per kind of weight, the Glorot std at the base shapes (d 128, SwiGLU width
+# 64*ceil(8*128/3/64) = 384, 8 experts, the GPT-2 vocabulary) and the embedding at 1.0, each a
+# normal truncated at 3 sigma; `mup_sparse` then divides every variance but the embedding's by
+# d/128. The experts take the dense FFN's 0.0625 (their own base shape, 128 x 192, would give
+# 0.079; the study's figures give one FFN std).
+BASE_D, BASE_FF, BASE_EXPERTS = 128, 384, 8
+SPARSE_INIT_STD = {
+    "embedding": 1.0,
+    "attn_qkv": glorot_std(BASE_D, BASE_D),  # 0.088
+    "attn_out": glorot_std(BASE_D, BASE_D),
+    "ffn_in": glorot_std(BASE_D, BASE_FF),  # 0.0625
+    "ffn_out": glorot_std(BASE_FF, BASE_D),
+    "router": glorot_std(BASE_D, BASE_EXPERTS),  # 0.121
+    "head": glorot_std(BASE_D, GPT2_VOCAB),  # 0.0063
 }
 
 
@@ -80,7 +104,9 @@ def sparse_study(arg: str | None, family: str) -> ConfigDict:
         c.train.seq_len, c.train.batch_size = 1024, 256
         m.dtype = "bfloat16"  # activations; parameters, softmaxes and the loss stay float32
         m.count_router = False  # "router FLOPs are not counted": N_active leaves the router out
-    else:  # tiny: byte-level text
+        for role, std in SPARSE_INIT_STD.items():
+            m.init[role].dist, m.init[role].std = "truncated_normal", std
+    else:  # tiny: byte-level text, loopscale's default init (the demo's runs were made with it)
         m.d_model, m.n_heads = 64, 1
         m.n_unique = max(1, m.n_unique // 4)
         c.train.seq_len, c.train.batch_size, c.train.steps = 64, 8, 50

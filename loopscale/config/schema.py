@@ -56,6 +56,17 @@ class Param(enum.Enum):
     SP = "sp"  # standard parametrisation: nothing depends on width
 
 
+class InitDist(enum.Enum):
+    """A weight's starting distribution, given its std (model/layers.py)."""
+
+    NORMAL = "normal"
+    # Cut at 3 sigma; `std` is the untruncated normal's, as in torch's trunc_normal_ and JAX's
+    # truncated_normal (the sample's std is 0.987 x that).
+    TRUNCATED_NORMAL = "truncated_normal"
+    UNIFORM = "uniform"  # symmetric, bound sqrt(3) * std
+    ZEROS = "zeros"
+
+
 class Remat(enum.Enum):
     NONE = "none"
     LAYER = "layer"
@@ -117,6 +128,28 @@ class Tokenizer(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class InitSpec:
+    dist: InitDist
+    # At the base width; the parametrisation scales it with width (model/mup.py). 0: init_std.
+    std: float
+
+
+@dataclasses.dataclass(frozen=True)
+class InitConfig:
+    """How each kind of weight starts (`--config.model.init.head.std=0.001`). The default,
+    normal with std 0 everywhere, is every weight normal at `init_std`: loopscale's init
+    before this table existed. `zero_init_out` / `zero_init_readout` still force zeros."""
+
+    embedding: InitSpec
+    attn_qkv: InitSpec  # wq, wk, wv
+    attn_out: InitSpec  # wo
+    ffn_in: InitSpec  # w_up and w_gate, dense and experts
+    ffn_out: InitSpec  # w_down, dense and experts
+    router: InitSpec
+    head: InitSpec  # the unembedding
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
     d_model: int
@@ -144,7 +177,8 @@ class ModelConfig:
     loss_loops: LossLoops
     param: Param
     base_d_model: int
-    init_std: float  # std of every weight at the base width
+    init_std: float  # std at the base width of every weight whose `init` entry has std 0
+    init: InitConfig
     attn_mult: float  # attention logits = attn_mult * q.k / d_head under muP
     output_mult: float  # readout forward multiplier at the base width
     emb_mult: float
@@ -353,6 +387,10 @@ def _check_model(m: ModelConfig) -> None:
 
 
 def parse_model(section: Any) -> ModelConfig:
+    for f in dataclasses.fields(InitConfig):
+        if getattr(m.init, f.name).std < 0:
+            raise UsageError(f"model.init.{f.name}.std={getattr(m.init, f.name).std} must be 0 "
+                             f"(model.init_std) or positive")
     model = _build(ModelConfig, section, "model")
     _check_model(model)
     return model

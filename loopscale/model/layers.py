@@ -7,13 +7,14 @@ N flattened tokens, A token-expert assignments (N * top_k).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from loopscale.config.schema import ModelConfig
+from loopscale.config.schema import InitDist, InitSpec, ModelConfig
 from loopscale.model import mup
 
 
@@ -25,13 +26,28 @@ def weight(
     cfg: ModelConfig,
     zero: bool = False,
 ) -> jax.Array:
-    """Declares a float32 weight whose init std comes from its muP role (looked up by name).
+    """Declares a float32 weight drawn as its init role's entry of `model.init` says, at the
+    std its muP role scales to this width (both looked up by name: mup.init_of); `zero`
+    (zero_init_out, zero_init_readout) starts it at zero whatever the entry says.
 
     `axes` are logical axis names, mapped onto mesh axes by the trainer's rules."""
-    role = mup.ROLE_OF_NAME[name]
-    std = mup.scaling(role, cfg).init_std
-    init = nn.initializers.zeros if zero else nn.initializers.normal(stddev=std)
-    return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), jnp.float32)
+    spec = InitSpec(InitDist.ZEROS, 0.0) if zero else mup.init_of(name, cfg)
+    init = nn.with_logical_partitioning(initializer(spec), tuple(axes))
+    return module.param(name, init, tuple(shape), jnp.float32)
+
+
+def initializer(spec: InitSpec) -> jax.nn.initializers.Initializer:
+    if spec.dist is InitDist.ZEROS:
+        return nn.initializers.zeros
+    if spec.dist is InitDist.NORMAL:
+        return nn.initializers.normal(stddev=spec.std)
+    if spec.dist is InitDist.TRUNCATED_NORMAL:
+        return nn.initializers.truncated_normal(stddev=spec.std, lower=-3.0, upper=3.0)
+    bound = math.sqrt(3.0) * spec.std  # uniform on [-b, b] has std b / sqrt(3)
+
+    def uniform(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return uniform
 
 
 def rms_norm(x: jax.Array, eps: float) -> jax.Array:

@@ -5,9 +5,11 @@ for its init std; the forward multipliers are applied where the weight is used; 
 `lr_multipliers(params, cfg)` gives the optimiser a pytree of per-parameter LR factors. All
 three read the same table below, so init, forward pass and optimiser cannot disagree.
 
-width_mult = w = d_model / base_d_model; `init_std` = s is every weight's std at the base width;
-a = attn_mult; the readout's forward multiplier is also scaled by output_mult in every preset.
-At w = 1 the presets differ only in the attention scale.
+width_mult = w = d_model / base_d_model; s is a weight's std at the base width: its init role's
+entry in `model.init` (INIT_ROLE_OF_NAME; the distribution comes from there too), `init_std`
+where that entry's std is 0 (the default: every weight at one std); a = attn_mult; the readout's
+forward multiplier is also scaled by output_mult in every preset. At w = 1 the presets differ
+only in the attention scale.
 
 | role      | sp             | mup (microsoft/mup, Adam)        | mup_sparse (sparse-layers study) |
 |-----------|----------------|----------------------------------|----------------------------------|
@@ -33,7 +35,7 @@ import math
 
 import jax
 
-from loopscale.config.schema import ModelConfig, Param
+from loopscale.config.schema import InitSpec, ModelConfig, Param
 
 
 class Role(enum.Enum):
@@ -51,8 +53,21 @@ class Scaling:
     lr_mult: float
 
 
-def scaling(role: Role, cfg: ModelConfig) -> Scaling:
-    s, w = cfg.init_std, cfg.width_mult
+class InitRole(enum.Enum):
+    """Finer than Role, for init only: each value names a field of `model.init` (InitConfig)."""
+
+    EMBEDDING = "embedding"
+    ATTN_QKV = "attn_qkv"
+    ATTN_OUT = "attn_out"
+    FFN_IN = "ffn_in"
+    FFN_OUT = "ffn_out"
+    ROUTER = "router"
+    HEAD = "head"
+
+
+def scaling(role: Role, cfg: ModelConfig, base_std: float | None = None) -> Scaling:
+    """`base_std`: the weight's std at the base width (default `cfg.init_std`)."""
+    s, w = cfg.init_std if base_std is None else base_std, cfg.width_mult
     if role is Role.NORM:
         return Scaling(init_std=0.0, forward_mult=1.0, lr_mult=1.0)
     if role is Role.EMBEDDING:
@@ -90,6 +105,29 @@ ROLE_OF_NAME = {
     "w_up": Role.HIDDEN,
     "w_down": Role.HIDDEN,
 }
+
+
+# Parameter leaf names -> init role (which entry of `model.init` draws it). Same names as above.
+INIT_ROLE_OF_NAME = {
+    "embedding": InitRole.EMBEDDING,
+    "unembed": InitRole.HEAD,
+    "router": InitRole.ROUTER,
+    "wq": InitRole.ATTN_QKV,
+    "wk": InitRole.ATTN_QKV,
+    "wv": InitRole.ATTN_QKV,
+    "wo": InitRole.ATTN_OUT,
+    "w_gate": InitRole.FFN_IN,
+    "w_up": InitRole.FFN_IN,
+    "w_down": InitRole.FFN_OUT,
+}
+
+
+def init_of(name: str, cfg: ModelConfig) -> InitSpec:
+    """The distribution and std, at this width, of the weight called `name`: its init role's
+    entry, its std (or init_std) scaled by the parametrisation for its muP role."""
+    spec = getattr(cfg.init, INIT_ROLE_OF_NAME[name].value)
+    std = scaling(ROLE_OF_NAME[name], cfg, spec.std or cfg.init_std).init_std
+    return InitSpec(dist=spec.dist, std=std)
 
 
 def _leaf_name(path) -> str:
