@@ -7,10 +7,11 @@ loop exit), `loops` (at inference loop counts 1 to twice the trained count), `js
 Jensen-Shannon divergence from the final one), `routing` (MoE routing across loop passes),
 `accuracy` (permutation traversal, per hop, beside the shortcut), `mc` (downstream
 multiple choice on local JSONL tasks, `--tasks=FILE.jsonl[,FILE...]`, default the shipped KJV
-verse task; docs/mc_tasks.md), `lens` and `probes`
-(permutation traversal: the logit lens and linear probes of the node after each hop, per
-iteration and layer). The other measurements of the studies (early exit, patching) are
-not built yet and are refused by name.
+verse task; docs/mc_tasks.md), `lens` and `probes` (permutation traversal: the logit lens
+and linear probes of the node after each hop, per iteration and layer), `patching`
+(permutation traversal: the stream at each loop, layer and position patched from a corrupted
+run), `act_grads` (the FLT study's activation-gradient norm per loop and layer),
+`early_exit` (entropy-threshold early exit: perplexity against FLOPs saved).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="measure a run's checkpoint on held-out data",
                               description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--workdir", required=True, help="the run directory")
-    p.add_argument("--what", default="ppl", help="comma-separated: ppl, loops, jsd, routing, accuracy, lens, probes, ...")
+    p.add_argument("--what", default="ppl",
+                   help="comma-separated: ppl, loops, jsd, early_exit, routing, accuracy, lens, "
+                        "probes, patching, act_grads, mc")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     p.add_argument("--batches", type=int, default=None,
                    help="held-out batches (default: the run's train.eval_batches)")

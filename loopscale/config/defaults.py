@@ -91,6 +91,7 @@ def base_config() -> ConfigDict:
             branch_from="",
             branch_step=0,
             loop_grad_every=0,
+            log_act_grads=False,
             peak_flops=0.0,
         )
     )

@@ -256,6 +256,9 @@ class TrainConfig:
     branch_from: str
     branch_step: int
     loop_grad_every: int  # per-loop gradient norms every N steps (0: never)
+    # act_grad_norm per loop (and per layer) on every logged row: one more backward pass per
+    # logged step, apart from the train step (train/step.act_grad_norms)
+    log_act_grads: bool
     peak_flops: float  # device peak for MFU (0: measure a matmul peak on this machine)
 
 
@@ -307,7 +310,7 @@ class Config:
 HOST_ONLY_TRAIN = ("steps", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
                    "loop_choices", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                    "keep_checkpoints", "keep_steps", "branch_from", "branch_step",
-                   "loop_grad_every", "peak_flops")
+                   "loop_grad_every", "log_act_grads", "peak_flops")
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:

@@ -218,6 +218,35 @@ def layer_labels(batch: dict[str, np.ndarray], n_layers: int) -> tuple[np.ndarra
     return labels.astype(np.int32), mask
 
 
+def supervision_labels(batch: dict[str, np.ndarray], n_loops: int, n_layers: int) -> dict:
+    """The extra batch fields intermediate supervision trains on: loop boundaries of a looped
+    model (`loop_labels`), layer boundaries of an unshared one (`layer_labels` and its mask)."""
+    if n_loops > 1:
+        return {"loop_labels": loop_labels(batch, n_loops)}
+    labels, mask = layer_labels(batch, n_layers)
+    return {"layer_labels": labels, "layer_label_mask": mask}
+
+
+def corrupt_start(batch: dict[str, np.ndarray], n_nodes: int, rng: np.random.Generator
+                  ) -> dict[str, np.ndarray]:
+    """Each example's corrupted twin, for activation patching: the same permutation, listing
+    and hop count from another start node s' = (s + r) mod n, r uniform in 1 .. n-1. Its answer
+    p^H(s') always differs from p^H(s), since p^H is a bijection. Returns `inputs` (the start
+    token replaced, and the answer token where padding after the answer position shows it),
+    `start` and `answer`, as the clean batch's fields."""
+    inputs = np.array(batch["inputs"], np.int32)
+    B, n = inputs.shape[0], n_nodes
+    start = (np.asarray(batch["start"]) + rng.integers(1, n, size=B)) % n
+    perm = np.empty((B, n), np.int64)
+    perm[np.arange(B)[:, None], inputs[:, 1:2 * n + 1:2]] = inputs[:, 2:2 * n + 2:2]
+    answer = np.array([follow(perm[b], int(start[b]), int(batch["hops"][b]))[-1]
+                       for b in range(B)], np.int32)
+    inputs[:, 2 * n + 2] = start
+    if inputs.shape[1] > 2 * n + 4:
+        inputs[:, 2 * n + 4] = answer
+    return {"inputs": inputs, "start": start.astype(np.int32), "answer": answer}
+
+
 def shortcut_accuracy(batch: dict[str, np.ndarray]) -> float:
     """Fraction of examples where answering the start node is right (its cycle length divides H)."""
     return float(np.mean(np.asarray(batch["start"]) == np.asarray(batch["answer"])))

@@ -25,6 +25,12 @@ on the run's mesh, so a paper-scale run evaluates where it trained.
     probes  permutation traversal: linear probes for the node after hop j at every layer and
             loop boundary, fitted on half the held-out examples and scored on the other half,
             beside the lens on the same examples (probes.py, probe_fit.py); one process tested
+    patching  permutation traversal: the clean run's stream at each (loop, layer, position)
+            replaced by a corrupted twin's (another start node): share of answers flipped to
+            the corrupted run's and normalised logit difference, iteration (or layer) x
+            position (patching.py)
+    act_grads  the FLT study's ||dL/dx|| at the end of every layer of every loop, per loop
+            boundary and per layer, on held-out micro-batches (act_grads.py)
     mc      downstream multiple choice, OLMES-style: local JSONL tasks (--tasks; default the
             shipped KJV verse task) as cloze and lettered choices, log-likelihood scored with
             none / per-token / per-char / PMI normalisation, accuracy with bootstrap intervals
@@ -46,7 +52,7 @@ from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.data import permutation
 from loopscale.evaluate import early_exit as exits
-from loopscale.evaluate import lens, probes
+from loopscale.evaluate import act_grads, lens, patching, probes
 from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
 from loopscale.errors import UsageError
@@ -111,9 +117,11 @@ class Loaded:
             out = evaluate(step, self.params, self._held_out(), batch_sharding)
         return out["eval_loss_per_loop"], out["eval_tokens"]
 
-    def sums(self, step_fn, max_batches: int | None = None) -> dict:
+    def sums(self, step_fn, max_batches: int | None = None, prepare=None) -> dict:
         """`step_fn(params, batch, model=, train=, n_loops=)`'s sums over the held-out batches
-        (the first `max_batches` of them), at the trained loop count."""
+        (the first `max_batches` of them), at the trained loop count. `prepare(i, local)`, if
+        given, returns held-out batch i's rows in this process as the step reads them (fields
+        made on the host: patching's corrupted inputs, supervision labels)."""
         params_sharding, batch_sharding = self._shardings()
         step = jax.jit(functools.partial(step_fn, model=self.model, train=self.train,
                                          n_loops=self.config.model.n_loops),
@@ -123,6 +131,8 @@ class Loaded:
             for i, local in enumerate(self._held_out().iterator()):
                 if i == max_batches:
                     break
+                if prepare is not None:
+                    local = prepare(i, local)
                 out = jax.device_get(step(self.params, mesh_lib.global_batch(local, batch_sharding)))
                 total = out if total is None else jax.tree.map(np.add, total, out)
         return total
@@ -302,6 +312,8 @@ MEASURES = {
     Measure.ACCURACY: (accuracy, plot_accuracy),
     Measure.LENS: (lens.lens, lens.plot_lens),
     Measure.PROBES: (probes.probes, probes.plot_probes),
+    Measure.PATCHING: (patching.patching, patching.plot_patching),
+    Measure.ACT_GRADS: (act_grads.act_grads, act_grads.plot_act_grads),
     Measure.MC: (mc, plot_mc),
 }
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from loopscale.config.schema import TrainConfig
-from loopscale.model import LoopedLM, ModelOutputs
+from loopscale.model import LoopedLM, ModelOutputs, StreamEdit
 from loopscale.model.loss import cross_entropy, lm_loss, z_loss
 from loopscale.train.diagnostics import routing_overlap
 from loopscale.train.optimizer import scheduled_update
@@ -68,12 +68,15 @@ def _supervises_layers(batch, train: TrainConfig) -> bool:
     return train.intermediate_supervision and "layer_labels" in batch
 
 
-def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
+def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
+            edit: StreamEdit | None = None):
     """The training loss: `objective` of the model's forward pass at `n_loops` loops. Every
-    train step and XLA's FLOP count (evaluate/xla_cost.py) differentiate this function."""
+    train step and XLA's FLOP count (evaluate/xla_cost.py) differentiate this function; the
+    activation gradients (act_grad_norms) differentiate it with respect to a zero `edit.add`."""
     if _supervises_layers(batch, train):
         model = model.clone(collect_layers=True)
-    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False)
+    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False,
+                      edit=edit)
     return objective(params, out, batch, model, train)
 
 
@@ -174,3 +177,24 @@ def loop_grad_norms(params, batch, *, model: LoopedLM, train: TrainConfig, n_loo
     grads = jax.grad(lambda p: loss_fn(p, batch, per_loop, train, n_loops)[0])(tiled)["loop"]
     return jnp.sqrt(sum(jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim)))
                         for g in jax.tree.leaves(grads)))
+
+
+def act_grad_norms(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
+                   ) -> jax.Array:
+    """||dL/dx_l^(t)||, shape (n_loops, n_unique): the gradient of the training objective
+    (`loss_fn`, this batch's own mean) with respect to the stream at the end of layer l of loop
+    t, as the FLT authors log it (scripts/base_check.py: the L2 norm of a block's output
+    gradient over the whole (B, T, D) tensor of one micro-batch, per loop and block; their loss
+    is also divided by the number of micro-batches, not done here). Taken as the gradient with
+    respect to a zero `add` of the stream hook, which is the stream's total gradient: through
+    the following layers, the next loops and every readout of it. Column -1 is the loop
+    boundary."""
+    K, L, D = n_loops, model.cfg.n_unique, model.cfg.d_model
+    B, T = batch["inputs"].shape
+    keep = jnp.ones((K, L, B, T), jnp.float32)
+
+    def loss(add):
+        return loss_fn(params, batch, model, train, n_loops, StreamEdit(keep, add))[0]
+
+    g = jax.grad(loss)(jnp.zeros((K, L, B, T, D), jnp.float32))
+    return jnp.sqrt(jnp.sum(jnp.square(g), axis=(2, 3, 4)))

@@ -36,7 +36,8 @@ from loopscale.rundir.run import CHECKPOINTS, RunDirectory, branch_source
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
-from loopscale.train.step import TrainState, loop_grad_norms, train_step
+from loopscale.train.step import (TrainState, act_grad_norms, loop_grad_norms, micro_batches,
+                                  train_step)
 
 # Failures of the machine rather than of the code: a full disk, a lost filesystem, checkpoints
 # that do not restore. They end the run with status `failed`, one line on stderr and
@@ -64,7 +65,8 @@ class _Setup:
     state_shardings: object
     batch_sharding: object
     # The compiled functions of this step shape in this process: "init", "eval", and
-    # "train" / "loop_grad" by loop count (shared by every run of the shape; _shared).
+    # "train" / "loop_grad" / "act_grad" by loop count (shared by every run of the shape;
+    # _shared).
     compiled: dict
 
 
@@ -174,13 +176,11 @@ def _loops_for_step(config: Config, step: int) -> int:
     return int(np.random.default_rng([config.seed, step]).choice(choices))
 
 
-def _supervision_labels(local: dict, n_loops: int, n_layers: int) -> dict:
-    """Per-step targets of intermediate supervision: loop boundaries of a looped model, layer
-    boundaries of an unshared one (data/permutation.py documents both conventions)."""
-    if n_loops > 1:
-        return {"loop_labels": permutation.loop_labels(local, n_loops)}
-    labels, mask = permutation.layer_labels(local, n_layers)
-    return {"layer_labels": labels, "layer_label_mask": mask}
+def _first_micro_act_grads(params, batch, *, model: LoopedLM, train, n_loops: int):
+    """The logged act_grad_norm: step.act_grad_norms on the step's first micro-batch, at the
+    parameters after the step (as grad_norm_loop is taken)."""
+    first = jax.tree.map(lambda x: x[0], micro_batches(batch, train.grad_accum))
+    return act_grad_norms(params, first, model=model, train=train, n_loops=n_loops)
 
 
 def _host_row(metrics: dict) -> dict:
@@ -300,6 +300,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
     previous_handler = signal.signal(signal.SIGTERM, stop)
     steps_fns = s.compiled.setdefault("train", {})
     loop_grad_fns = s.compiled.setdefault("loop_grad", {})
+    act_grad_fns = s.compiled.setdefault("act_grad", {})
     if "eval" not in s.compiled:
         s.compiled["eval"] = jit_eval_step(s.model, t, config.model.n_loops,
                                            param_shardings=s.state_shardings.params,
@@ -386,7 +387,8 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
             unigram.update(np.asarray(local["targets"]), np.asarray(local["mask"]))
             n_loops = _loops_for_step(config, step)
             if t.intermediate_supervision and "hop_labels" in local:
-                local = {**local, **_supervision_labels(local, n_loops, config.model.n_unique)}
+                local = {**local, **permutation.supervision_labels(local, n_loops,
+                                                                config.model.n_unique)}
             batch = mesh_lib.global_batch(local, s.batch_sharding)
             lr_factor = lr_factors[step]
             if n_loops not in steps_fns:
@@ -404,10 +406,12 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
             after = step + 1
             grads_per_loop = (t.loop_grad_every and after % t.loop_grad_every == 0
                               and config.model.scan)
+            act_grads = t.log_act_grads and (after % t.log_every == 0 or after == t.steps)
             evaluates = t.eval_every and after % t.eval_every == 0 and after != t.steps
             saves = after != t.steps and (
                 (t.checkpoint_every and after % t.checkpoint_every == 0) or after in t.keep_steps)
-            if not (grads_per_loop or evaluates or saves or after == t.steps or stop.requested):
+            if not (grads_per_loop or act_grads or evaluates or saves or after == t.steps
+                    or stop.requested):
                 continue
             extra = {}
             if grads_per_loop:
@@ -416,6 +420,13 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
                         loop_grad_norms, model=s.model, train=t, n_loops=n_loops))
                 extra["grad_norm_loop"] = np.asarray(
                     loop_grad_fns[n_loops](state.params, batch)).tolist()
+            if act_grads:
+                if n_loops not in act_grad_fns:
+                    act_grad_fns[n_loops] = jax.jit(functools.partial(
+                        _first_micro_act_grads, model=s.model, train=t, n_loops=n_loops))
+                norms = np.asarray(act_grad_fns[n_loops](state.params, batch))
+                extra.update(act_grad_norm=norms[:, -1].tolist(),
+                             act_grad_norm_layer=norms.tolist())
             reason = read(pending, extra)
             pending = None
             if reason:
