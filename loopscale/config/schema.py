@@ -387,13 +387,13 @@ def _check_model(m: ModelConfig) -> None:
         raise UsageError(f"model.capacity_factor={m.capacity_factor} must be positive")
     if m.logit_softcap < 0:
         raise UsageError(f"model.logit_softcap={m.logit_softcap} must be 0 (off) or positive")
-
-
-def parse_model(section: Any) -> ModelConfig:
     for f in dataclasses.fields(InitConfig):
         if getattr(m.init, f.name).std < 0:
             raise UsageError(f"model.init.{f.name}.std={getattr(m.init, f.name).std} must be 0 "
                              f"(model.init_std) or positive")
+
+
+def parse_model(section: Any) -> ModelConfig:
     model = _build(ModelConfig, section, "model")
     _check_model(model)
     return model
