@@ -10,21 +10,26 @@ Default injection `flt` (FLA + attention injection at every layer); compare with
 
 The study's backbone (arXiv 2605.18797, released code): parameter-free RMSNorm, no biases,
 rotary then qk-norm, head size 128, relu^2 MLP of width 4d, untied embeddings, logits
-soft-capped at 15, zero-initialised output projections, loop 1 on norm(e), and (`small`,
-`paper`) the authors' init (`authors_init` below); Muon on the block
-matrices with AdamW on embedding (0.2) and head (0.004), betas (0.8, 0.95), no warmup, constant
-then linear decay over the last 20%, clip 1.0. `paper` is the Base model (12 layers, d 768,
-6 heads: 317.9M params); `small` the Small one (6 layers, d 384, 3 heads: 127.1M); `tiny` the
-CPU setting of PAPERS.md's practical notes (d 128, 2 heads of 64, 2 layers per loop, byte-level
-text, sequence 128, batch 16, AdamW 3e-3, betas 0.9/0.95, clip 1, no warmup). Only what differs
-from loopscale/config/defaults.py is set below.
+soft-capped at 15, zero-initialised output projections, loop 1 on norm(e). `small` and `paper`
+also take the released code's init (`authors_init`) and recipe: Muon (0.02, momentum 0.85 ->
+0.95 over the first 300 steps) on the block matrices, AdamW on embedding (0.2) and head (0.004)
+scaled by (d/768)^-0.5, betas (0.8, 0.95), eps 1e-10; no warmup, constant then linear decay to
+0 over the last 20%, clip 1.0; 20 tokens per parameter (`steps_for`). (optax's Muon
+bias-corrects its momentum, the authors' does not; the difference fades within ~50 steps.)
+`paper` is the Base model (12 layers, d 768, 6 heads: 317.9M params); `small` the Small one
+(6 layers, d 384, 3 heads: 127.1M); `tiny` the CPU setting of PAPERS.md's practical notes
+(d 128, 2 heads of 64, 2 layers per loop, byte-level text, sequence 128, batch 16, AdamW 3e-3,
+betas 0.9/0.95, clip 1, no warmup; loopscale's default init). Only what differs from
+loopscale/config/defaults.py is set below.
 """
 
 from ml_collections import ConfigDict
 
-from loopscale.config import base_config
+from loopscale import flops
+from loopscale.config import base_config, parse_model
 
 QWEN_VOCAB = 151669  # the FLT study's tokenizer
+TOKENS_PER_PARAM = 20
 
 
 def authors_init(m: ConfigDict) -> None:
@@ -37,6 +42,15 @@ def authors_init(m: ConfigDict) -> None:
              "attn_out": ("zeros", 0.0), "ffn_out": ("zeros", 0.0)}
     for role, (dist, std) in table.items():
         m.init[role].dist, m.init[role].std = dist, std
+
+
+def steps_for(m: ConfigDict, t: ConfigDict) -> int:
+    """20 training tokens per parameter (target_param_data_ratio = 20 over every stored
+    parameter), in whole steps: 12,126 for `paper`, 4,848 for `small`. Computed for the preset's
+    shape: with another d_model, n_unique or vocabulary, set --config.train.steps too. (The
+    authors count a vocabulary padded to a multiple of 64, 151,680: one step more for `paper`.)"""
+    params = flops.param_counts(parse_model(m))["params_total"]
+    return TOKENS_PER_PARAM * params // (t.batch_size * t.seq_len)
 
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:
@@ -60,9 +74,16 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
         authors_init(m)
         c.train.seq_len, c.train.batch_size = 1024, 512  # 524,288 tokens per step
         c.train.optimizer = "muon"
-        c.train.lr, c.train.embed_lr, c.train.head_lr = 0.02, 0.2, 0.004
-        c.train.b1 = 0.8
+        c.train.lr = 0.02
+        # The AdamW LRs were tuned at d 768 and scale as (d/768)^-0.5 (setup_optimizers); a
+        # field reference, so they follow --config.model.d_model.
+        adam_scale = (m.get_ref("d_model").to_float() / 768) ** -0.5
+        c.train.embed_lr, c.train.head_lr = adam_scale * 0.2, adam_scale * 0.004
+        c.train.b1, c.train.eps = 0.8, 1e-10  # AdamW betas (0.8, 0.95), eps 1e-10
+        # Muon's momentum 0.85 -> 0.95 over the first 300 steps (get_muon_momentum).
+        c.train.muon_momentum_start, c.train.muon_momentum_warmup = 0.85, 300
         c.train.schedule = "wsd"  # linear cooldown over the last 20%
+        c.train.steps = steps_for(m, c.train)
         m.dtype = "bfloat16"
         if size == "paper" and m.n_loops > 6:
             # Compiled for v5p-128 at batch 512 (8 rows a chip), the step keeps every layer's

@@ -235,6 +235,11 @@ class TrainConfig:
     grad_accum: int
     embed_lr: float  # Muon recipe: AdamW LR of the embedding (0: train.lr)
     head_lr: float  # Muon recipe: AdamW LR of the output head (0: train.lr)
+    # Muon recipe: the block matrices' momentum, ramped linearly from muon_momentum_start over
+    # the first muon_momentum_warmup updates (0: constant muon_momentum; FLT: 0.85 -> 0.95, 300).
+    muon_momentum: float
+    muon_momentum_start: float
+    muon_momentum_warmup: int
     z_loss_weight: float
     # Positions projected onto the vocabulary at once in the loss (model/loss.py), so the
     # (B, T, V) logits never exist whole; 0: all at once. Changes memory, not the loss.

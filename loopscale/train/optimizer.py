@@ -101,17 +101,40 @@ def _muon_dimensions(params):
     return jax.tree_util.tree_map_with_path(dims, params)
 
 
+def muon_momentum(train: TrainConfig) -> optax.ScalarOrSchedule:
+    """Muon's momentum: from train.muon_momentum_start to train.muon_momentum linearly over the
+    first train.muon_momentum_warmup updates (the FLT code: 0.85 -> 0.95 over 300 steps, the
+    momentum at update t being the schedule at t, t = 0, 1, ...), then constant."""
+    if not train.muon_momentum_warmup:
+        return train.muon_momentum
+    return optax.linear_schedule(train.muon_momentum_start, train.muon_momentum,
+                                 train.muon_momentum_warmup)
+
+
+def _block_muon(train: TrainConfig) -> optax.GradientTransformation:
+    """optax's Muon on the block matrices. A momentum ramp enters through inject_hyperparams,
+    which evaluates it at the update count kept in its state; without a ramp the plain
+    transformation keeps the optimiser state of runs written before the ramp existed."""
+    beta = muon_momentum(train)
+    kwargs = {"weight_decay": train.weight_decay,
+              "muon_weight_dimension_numbers": _muon_dimensions}
+    if not callable(beta):
+        return muon(train.lr, beta=beta, **kwargs)
+    return optax.inject_hyperparams(muon, static_args=("muon_weight_dimension_numbers",
+                                                       "ns_steps"))(train.lr, beta=beta, **kwargs)
+
+
 def muon_recipe(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransformation:
-    """The FLT study's recipe: Muon (train.lr) on every block matrix, AdamW on the embedding
-    (train.embed_lr) and the output head (train.head_lr), and on norm gains and routers at
-    train.lr; each group at its own peak, all under the one schedule multiplier."""
+    """The FLT study's recipe: Muon (train.lr, momentum `muon_momentum`) on every block matrix,
+    AdamW on the embedding (train.embed_lr) and the output head (train.head_lr), and on norm
+    gains and routers at train.lr; each group at its own peak, all under the one schedule
+    multiplier."""
     def adamw(peak: float) -> optax.GradientTransformation:
         return optax.adamw(peak or train.lr, b1=train.b1, b2=train.b2, eps=train.eps,
                            weight_decay=0.0)
 
     return optax.multi_transform({
-        "hidden": muon(train.lr, beta=train.b2, weight_decay=train.weight_decay,
-                       muon_weight_dimension_numbers=_muon_dimensions),
+        "hidden": _block_muon(train),
         "embedding": adamw(train.embed_lr),
         "readout": adamw(train.head_lr),
         "router": adamw(train.lr),
