@@ -192,10 +192,12 @@ def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):
     assert summary(tmp_path / "run")["status"] == "running"
 
 
-def test_a_muon_run_resumes_from_its_checkpoint(corpus, tmp_path):
+@pytest.mark.parametrize("ramp", [0, 3])
+def test_a_muon_run_resumes_from_its_checkpoint(corpus, tmp_path, ramp):
     """The FLT recipe's optimiser state (Muon and AdamW under optax masks) restores: a run cut
     back to its step-2 checkpoint, as a crash after step 2 leaves it, resumes and repeats the
-    losses of steps 3-4 exactly. (Restoring a masked state used to fail on its empty nodes.)"""
+    losses of steps 3-4 exactly. (Restoring a masked state used to fail on its empty nodes.)
+    With a momentum ramp, Muon's state is inject_hyperparams' and restores as well."""
     import shutil
 
     from etils import epath
@@ -204,7 +206,9 @@ def test_a_muon_run_resumes_from_its_checkpoint(corpus, tmp_path):
 
     config = trainkit.config("flt", *corpus, **{"train.optimizer": "muon", "train.steps": 4,
                                                 "train.checkpoint_every": 2,
-                                                "train.eval_every": 0})
+                                                "train.eval_every": 0,
+                                                "train.muon_momentum_start": 0.85,
+                                                "train.muon_momentum_warmup": ramp})
     workdir = tmp_path / "run"
     assert train(config, str(workdir)) == 0
     first = train_losses(workdir)
