@@ -62,7 +62,8 @@ def act_grads(run: Loaded) -> dict:
             "micro_batch_size": c.train.batch_size // c.train.grad_accum,
             "per_loop": mean_KxL[:, -1].tolist(), "per_layer": mean_KxL.tolist(),
             "first_loop": float(mean_KxL[0, -1]), "last_loop": float(mean_KxL[-1, -1]),
-            "first_over_last": float(mean_KxL[0, -1] / mean_KxL[-1, -1])}
+            "first_over_last": float(mean_KxL[0, -1] / mean_KxL[-1, -1])
+            if mean_KxL[-1, -1] > 0 else None}
 
 
 def plot_act_grads(result: dict, title: str):

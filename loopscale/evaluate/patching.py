@@ -170,7 +170,8 @@ def plot_patching(result: dict, title: str):
         image = ax.imshow(matrix, vmin=bounds[0], vmax=bounds[1], cmap=cmap, aspect="auto",
                           origin="lower", extent=(-0.5, len(labels) - 0.5, 0.5, len(matrix) + 0.5))
         ax.axvline(result["answer_pos"], color="red", lw=0.8, ls=":")
-        ax.set_xticks(ticks, [labels[p] for p in ticks], fontsize="small")
+        ax.set_xticks(ticks, [labels[p] for p in ticks], fontsize="small", rotation=90)
+        ax.set_yticks(range(1, len(matrix) + 1))
         ax.set(xlabel="patched position", ylabel="layer" if per_layer else "loop iteration",
                title=key + ("" if grid is not None else " (undefined)"))
         fig.colorbar(image, ax=ax)
