@@ -1,7 +1,8 @@
 """Width parametrisations (muP and friends) as a pure function of a weight's role and width.
 
-Every weight of the model is created through `layers.weight`, which asks `scaling(role, cfg)`
-for its init std; the forward multipliers are applied where the weight is used; and
+Every weight of the model is created through `layers.weight`, which asks `init_of(name, cfg)`
+for its distribution and std (its init role's entry, scaled by `scaling(role, cfg)`); the
+forward multipliers are applied where the weight is used; and
 `lr_multipliers(params, cfg)` gives the optimiser a pytree of per-parameter LR factors. All
 three read the same table below, so init, forward pass and optimiser cannot disagree.
 
