@@ -51,11 +51,11 @@ import numpy as np
 from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.data import permutation
-from loopscale.evaluate import early_exit as exits
+from loopscale.errors import UsageError
 from loopscale.evaluate import act_grads, lens, patching, probes
+from loopscale.evaluate import early_exit as exits
 from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
-from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.evaluate.mc import mc, plot_mc
 from loopscale.evaluate.mc_tasks import fingerprint

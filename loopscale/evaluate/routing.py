@@ -29,7 +29,7 @@ def routing_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops:
         mask = micro["mask"].astype(jnp.float32)  # (B, T)
         shared = jnp.sum(jnp.any(experts[:-1, ..., :, None] == experts[1:, ..., None, :], -1),
                          -1)  # (K-1, L, B, T): experts of pass t found again on pass t+1
-        count = lambda x: jnp.sum(x * mask, axis=(0, 2, 3))  # noqa: E731  (pairs, B, T) -> (L,)
+        count = lambda x: jnp.sum(x * mask, axis=(0, 2, 3))
         onehot = jax.nn.one_hot(experts, cfg.n_experts, dtype=jnp.float32)  # (K, L, B, T, k, E)
         used = jnp.max(onehot, axis=(0, 4))  # (L, B, T, E): chosen on any pass
         return {

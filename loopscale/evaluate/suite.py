@@ -24,6 +24,7 @@ from loopscale.rundir.load import load_run
 from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_config
 from loopscale.train.mesh import make_mesh
 
+
 def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
     """Measurement names (comma-separated) -> Measures; UsageError naming `where` if bad."""
     names = [n.strip() for n in spec.split(",") if n.strip()]

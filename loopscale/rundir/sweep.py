@@ -20,9 +20,9 @@ from __future__ import annotations
 import fcntl
 import os
 
-from loopscale.files import append_jsonl, read_jsonl
 from etils import epath
 
+from loopscale.files import append_jsonl, read_jsonl
 from loopscale.rundir.run import CONFIG, SUMMARY, read_summary
 from loopscale.rundir.status import ExitCode, LaunchOutcome, RunStatus
 
