@@ -97,6 +97,42 @@ def test_loops_of_a_looped_run_at_every_count(looped_run):
                                atol=1e-6)
 
 
+def test_held_out_text_files_replace_the_runs_split(tmp_path, capsys):
+    """--data: the run's own held-out documents given as files measure exactly what its
+    held-out split does; other text measures something else and is kept apart."""
+    from loopscale.data.text import kjv_documents, split_tail
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    assert main(["eval", f"--workdir={run}", "--what=ppl"]) == 0
+    own = json.loads((run / "eval" / "ppl.json").read_text())
+    _, val_docs = split_tail(kjv_documents(), 0.01)  # the fixture's corpus and val_fraction
+    for i, doc in enumerate(val_docs):
+        (tmp_path / f"val{i:03d}.txt").write_text(doc)
+    data = f"--data={tmp_path}/val*.txt"
+    assert main(["eval", f"--workdir={run}", "--what=ppl", data]) == 0
+    same = json.loads((run / "eval" / "ppl.json").read_text())
+    assert same["loss"] == own["loss"] and same["tokens"] == own["tokens"]
+    assert set(same["inputs"]) == {"data"} and "inputs" not in own
+    before = (run / "eval" / "ppl.json").stat().st_mtime_ns
+    assert main(["eval", f"--workdir={run}", "--what=ppl", data]) == 0  # kept: same files
+    assert (run / "eval" / "ppl.json").stat().st_mtime_ns == before
+    (tmp_path / "other.txt").write_text(kjv_documents()[0])  # Genesis 1: trained on
+    assert main(["eval", f"--workdir={run}", "--what=ppl", f"--data={tmp_path}/other.txt",
+                 "--batches=1"]) == 0
+    other = json.loads((run / "eval" / "ppl.json").read_text())
+    assert other["loss"] != own["loss"] and other["inputs"] != same["inputs"]
+    capsys.readouterr()
+    # Bad files: one line, exit 2, the measurement on disk untouched.
+    for args, phrase in [([f"--data={tmp_path}/none*.txt"], "--data: "),
+                         ([f"--data={tmp_path}/other.txt", "--batches=50"], "fewer than the 50")]:
+        before = (run / "eval" / "ppl.json").read_bytes()
+        assert main(["eval", f"--workdir={run}", "--what=ppl", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and phrase in err[0], err
+        assert (run / "eval" / "ppl.json").read_bytes() == before
+
+
 @pytest.mark.parametrize("args,phrase", [
     (["--what=ppl,nope"], "--what=nope is not a measurement"),
     (["--what=nope"], "--what=nope is not a measurement"),

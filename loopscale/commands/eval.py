@@ -1,5 +1,6 @@
-"""`loopscale eval --workdir=RUN_DIR --what=ppl,loops [--step=N] [--batches=N]`: measurements of
-a trained (or training) run's checkpoint, on held-out data it never trained on.
+"""`loopscale eval --workdir=RUN_DIR --what=ppl,loops [--step=N] [--batches=N] [--data=FILES]`:
+measurements of a trained (or training) run's checkpoint, on held-out data it never trained on
+(the run's held-out split, or text files given by --data: evaluate/held_out.py).
 
 Writes RUN_DIR/eval/NAME.json and NAME.png per measurement (loopscale/evaluate/suite.py);
 `collect` reads their figures as columns. Built: `ppl` (held-out loss and perplexity at every
@@ -32,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", default=None,
                    help="--what=mc: comma-separated task files (JSONL, docs/mc_tasks.md; "
                         "default: the shipped KJV verse task)")
+    p.add_argument("--data", default="",
+                   help="held-out text files or globs (comma-separated) read instead of the "
+                        "run's held-out split (a run trained on text)")
     p.set_defaults(run=run)
 
 
@@ -45,6 +49,6 @@ def run(args: argparse.Namespace) -> int:
     if args.tasks is not None and (Measure.MC not in what or not tasks):
         raise UsageError("--tasks names task files for --what=mc")
     for measure, path in evaluate_run(args.workdir, what, args.step, args.batches,
-                                      tasks).items():
+                                      tasks, args.data).items():
         print(f"{measure.value}: {path}")
     return 0

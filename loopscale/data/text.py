@@ -98,8 +98,9 @@ def kjv_documents() -> list[str]:
     return [d for d in docs if d]
 
 
-def file_documents(paths: str) -> list[str]:
-    """One document per file; `paths` is a comma-separated list of files or globs (sorted)."""
+def file_documents(paths: str, where: str = "data.paths") -> list[str]:
+    """One document per file; `paths` is a comma-separated list of files or globs (sorted).
+    `where` names the option in errors."""
     files: list[str] = []
     for pattern in (p.strip() for p in paths.split(",")):
         if not pattern:
@@ -107,10 +108,10 @@ def file_documents(paths: str) -> list[str]:
         matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         matched = [m for m in matched if os.path.isfile(m)]
         if not matched:
-            raise UsageError(f"data.paths: {pattern!r} matches no file")
+            raise UsageError(f"{where}: {pattern!r} matches no file")
         files.extend(matched)
     if not files:
-        raise UsageError("data.paths names no file")
+        raise UsageError(f"{where} names no file")
     return [Path(f).read_text(encoding="utf-8", errors="replace") for f in files]
 
 

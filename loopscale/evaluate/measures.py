@@ -52,7 +52,7 @@ from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.data import permutation
 from loopscale.errors import UsageError
-from loopscale.evaluate import act_grads, lens, patching, probes
+from loopscale.evaluate import act_grads, held_out, lens, patching, probes
 from loopscale.evaluate import early_exit as exits
 from loopscale.evaluate.answers import accuracy_table, answer_step
 from loopscale.evaluate.divergence import BELOW, jsd_step
@@ -90,6 +90,7 @@ class Loaded:
     mesh: jax.sharding.Mesh
     batches: int  # held-out batches of config.train.batch_size sequences
     tasks: tuple[str, ...] = ()  # --tasks: mc's task files (none: the shipped one)
+    data: str = ""  # --data: held-out text files instead of the run's held-out split
 
     @property
     def model(self) -> LoopedLM:
@@ -101,6 +102,9 @@ class Loaded:
 
     def _held_out(self):
         c = self.config
+        if self.data:
+            return held_out.dataset(c, self.train, self.data, jax.process_index(),
+                                    jax.process_count())
         return data_lib.make_dataset(c.data, self.train, c.seed, "eval", jax.process_index(),
                                      jax.process_count())
 
@@ -321,3 +325,5 @@ MEASURES = {
 # a JSON-able identity: suite.py records it and keeps a result only while it is unchanged. It
 # is computed before the checkpoint is loaded, so a bad task file is refused first.
 INPUTS = {Measure.MC: fingerprint}
+# The measurements that read held-out batches (`Loaded._held_out`): `--data` replaces them.
+READS_HELD_OUT = frozenset(Measure) - {Measure.MC}

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import jax
 
 from loopscale.errors import UsageError
-from loopscale.evaluate.measures import INPUTS, MEASURES, Loaded, Measure
+from loopscale.evaluate import held_out
+from loopscale.evaluate.measures import INPUTS, MEASURES, READS_HELD_OUT, Loaded, Measure
 from loopscale.files import read_json, write_atomic, write_json
 from loopscale.rundir.load import load_run
 from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_config
@@ -44,15 +45,25 @@ def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
 
 
 def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
-                 batches: int | None = None, tasks: Sequence[str] = ()) -> dict[Measure, str]:
+                 batches: int | None = None, tasks: Sequence[str] = (), data: str = ""
+                 ) -> dict[Measure, str]:
     """Takes the measurements `what` of the run in `rundir` (UsageError if it cannot); returns
-    the JSON path of each, measured now or kept from before. `tasks`: mc's task files."""
+    the JSON path of each, measured now or kept from before. `tasks`: mc's task files;
+    `data`: held-out text files read instead of the run's held-out split (held_out.py)."""
     available = checkpoint_steps(os.path.join(rundir, CHECKPOINTS))
     if step is None and available:
         step = available[-1]
     out_dir = os.path.join(rundir, EVAL)
     paths = {m: os.path.join(out_dir, f"{m.value}.json") for m in what}
-    inputs = {m: INPUTS[m](tuple(tasks)) for m in what if m in INPUTS}  # bad input: refused now
+    # What each measurement reads besides the checkpoint, as an identity kept in its JSON;
+    # computed first, so bad task or data files are refused before anything is loaded.
+    data_id = held_out.fingerprint(data) if data else {}
+    inputs = {}
+    for m in what:
+        identity = {**(INPUTS[m](tuple(tasks)) if m in INPUTS else {}),
+                    **(data_id if m in READS_HELD_OUT else {})}
+        if identity:
+            inputs[m] = identity
     loaded = None
     for measure in what:
         previous = read_json(paths[measure]) or {}
@@ -66,7 +77,7 @@ def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
             n = batches or config.train.eval_batches
             if n < 1:
                 raise UsageError(f"--batches must be at least 1, got {n}")
-            loaded = Loaded(config, step, params, mesh, n, tuple(tasks))
+            loaded = Loaded(config, step, params, mesh, n, tuple(tasks), data)
         measure_fn, plot = MEASURES[measure]
         result = {"checkpoint_step": step, "batches": loaded.batches,
                   **({"inputs": inputs[measure]} if measure in inputs else {}),
