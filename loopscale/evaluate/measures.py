@@ -54,7 +54,7 @@ from loopscale.data import permutation
 from loopscale.errors import UsageError
 from loopscale.evaluate import act_grads, held_out, lens, patching, probes
 from loopscale.evaluate import early_exit as exits
-from loopscale.evaluate.answers import accuracy_table, answer_step
+from loopscale.evaluate.answers import accuracy_sums, accuracy_table
 from loopscale.evaluate.divergence import BELOW, jsd_step
 from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.evaluate.mc import mc, plot_mc
@@ -236,25 +236,9 @@ def accuracy(run: Loaded) -> dict:
     if c.data.source.value != "permutation":
         raise UsageError(f"--what=accuracy needs the permutation task; {c.name} trains on "
                          f"data.source={c.data.source.value}")
-    params_sharding, batch_sharding = run._shardings()
-    step = jax.jit(functools.partial(answer_step, model=run.model, train=run.train,
-                                     n_loops=c.model.n_loops),
-                   in_shardings=(params_sharding, batch_sharding))
-    preds, fields = [], {"answer": [], "start": [], "hops": []}
-    with mesh_lib.activate(run.mesh):
-        for local in run._held_out().iterator():
-            batch = {k: local[k] for k in ("inputs", "answer_pos")}
-            preds.append(np.asarray(jax.device_get(step(
-                run.params, mesh_lib.global_batch(batch, batch_sharding)))))
-            for key, values in fields.items():
-                values.append(np.asarray(local[key]))
-    # One process: the predictions are the whole batch's, in the order of its rows. (With
-    # several processes each would have to keep the rows it holds: not done yet.)
-    predictions = np.concatenate(preds, axis=1)
-    n = predictions.shape[1]
+    sums = run.sums(functools.partial(accuracy_sums, hops_max=c.data.hops_max))
     return {"n_loops": c.model.n_loops, "shortcut_expected": permutation.shortcut_probability(
-        c.data.n_nodes, c.data.hops_min, c.data.hops_max),
-        **accuracy_table(predictions, *(np.concatenate(v)[:n] for v in fields.values()))}
+        c.data.n_nodes, c.data.hops_min, c.data.hops_max), **accuracy_table(sums)}
 
 
 def plot_accuracy(result: dict, title: str):
