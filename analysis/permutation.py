@@ -1,0 +1,217 @@
+"""The permutation-traversal study's tables and figures (PAPERS.md section 3) from a finished sweep.
+
+Inputs, made by:
+
+    loopscale sweep --sweep=sweeps/permutation.py:paper --workdir=runs/permutation
+    for r in runs/permutation/runs/*/; do loopscale eval --workdir=$r --what=accuracy; done
+    for r in runs/permutation/runs/*/; do
+        loopscale eval --workdir=$r --what=lens,probes,patching --batches=64; done  # or chosen runs
+    .venv/bin/python analysis/permutation.py --workdir=runs/permutation [--threshold=0.9]
+
+(`loopscale plan --sweep=sweeps/permutation.py:paper --out=plan.csv` lists the 36 runs; the
+default `tiny` sweep is a CPU smoke test whose runs stay at chance.)
+
+Writes DIR/report.md (default WORKDIR/analysis) and PNGs: the per-seed success table of looped
+4x8 against unshared 32 layers across learning rates, with and without intermediate supervision
+(success: final held-out answer accuracy at least --threshold, from eval/accuracy.json or else
+summary.json `final_eval_accuracy`, beside the shortcut accuracy of answering the start node);
+then, for one run per family (the most accurate one measured, or --runs=ID,...), the ladder of
+the logit lens and the linear probes (eval/lens.json, probes.json) and the activation-patching
+maps (eval/patching.json). Runs lacking a measurement are named in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import common
+
+from loopscale.data.permutation import shortcut_probability
+from loopscale.scaling.report import Section, Table
+
+LADDER = ("lens", "probes")
+
+
+def accuracy(run: common.Run) -> tuple[float | None, float | None, str]:
+    """(final answer accuracy, shortcut accuracy, where they come from)."""
+    result = run.eval("accuracy")
+    if result is not None:
+        return result["accuracy"], result["shortcut"], "eval/accuracy.json"
+    acc = run.summary.get("final_eval_accuracy")
+    if acc is None:
+        return None, None, "not measured"
+    rows = [r for r in run.metrics() if "eval_shortcut" in r]
+    return acc, rows[-1]["eval_shortcut"] if rows else None, "summary.json"
+
+
+def setting(run: common.Run) -> tuple[str, str, float, bool]:
+    c = run.config
+    return run.family, f"{c.model.n_unique} x {c.model.n_loops}", c.train.lr, \
+        c.train.intermediate_supervision
+
+
+def success_sections(runs: list[common.Run], threshold: float) -> list[Section]:
+    rows, groups, unmeasured = [], {}, []
+    for run in runs:
+        c = run.config
+        acc, shortcut, source = accuracy(run)
+        ok = None if acc is None else acc >= threshold
+        expected = shortcut_probability(c.data.n_nodes, c.data.hops_min, c.data.hops_max)
+        family, shape, lr, sup = setting(run)
+        rows.append((run.run_id, family, shape, common.num(lr), common.num(sup), str(c.seed),
+                     run.status,
+                     common.num(acc), common.num(shortcut), common.num(expected), source,
+                     "?" if ok is None else common.num(ok)))
+        group = groups.setdefault((family, shape, lr, sup), [0, 0, 0])
+        if ok is None:
+            group[2] += 1
+            unmeasured.append(run)
+        else:
+            group[0] += ok
+            group[1] += 1
+    summary = [(f, s, common.num(lr), common.num(sup), f"{n_ok} / {n}",
+                str(n_missing)) for (f, s, lr, sup), (n_ok, n, n_missing) in sorted(groups.items())]
+    total_ok = sum(g[0] for g in groups.values())
+    blocks: list = [
+        (f"Success: final held-out answer accuracy at least {threshold:g} (eval/accuracy.json "
+        "where measured, else summary.json final_eval_accuracy, the trainer's last "
+        "evaluation). Shortcut: the accuracy of answering the start node on the same "
+        "examples; expected: its value for uniform permutations over the run's hop range. "
+        f"{total_ok} of {sum(g[1] for g in groups.values())} measured runs succeed."),
+        Table(("family", "layers x loops", "lr", "intermediate supervision", ("succeeded / "
+               "measured seeds"), "not measured"), tuple(summary)),
+        Table(("run", "family", "layers x loops", "lr", "intermediate supervision", "seed", "status",
+               "accuracy", "shortcut", "shortcut expected", "source", "success"), tuple(rows))]
+    gap = common.missing(unmeasured, "no accuracy: neither eval/accuracy.json nor "
+                                     "final_eval_accuracy")
+    if gap:
+        blocks.append(gap)
+    return [Section("Success per seed", "success", tuple(blocks))]
+
+
+def pick(runs: list[common.Run], names: tuple[str, ...], wanted: list[str]) -> list[common.Run]:
+    """The runs named by --runs, else per family the most accurate one measured by `names`."""
+    if wanted:
+        return [r for r in runs if r.run_id in wanted]
+    best: dict[str, tuple[float, common.Run]] = {}
+    for run in runs:
+        if all(run.eval(n) is None for n in names):
+            continue
+        acc = accuracy(run)[0]
+        score = -1.0 if acc is None else acc
+        if run.family not in best or score > best[run.family][0]:
+            best[run.family] = (score, run)
+    return [run for _, run in best.values()]
+
+
+def ladder_section(runs: list[common.Run], wanted: list[str], figures: list) -> Section:
+    from loopscale.evaluate import ladder
+
+    blocks: list = [
+        ("Per loop iteration, the share of held-out examples whose stream at the answer "
+        "position names the node after hop j: by the logit lens (eval/lens.json) and by linear "
+        "probes fitted on half the examples and scored on the other (eval/probes.json). "
+        "ladder_match: share of iterations k whose best hop is k (1 = one hop per iteration); "
+        "diagonal: mean share of iteration k naming hop k.")]
+    rows = []
+    for run in pick(runs, LADDER, wanted):
+        results = [(n, run.eval(n)) for n in LADDER]
+        for name, x in results:
+            if x is None:
+                rows.append((run.family, run.run_id, name, "not measured", "", "", "", ""))
+                continue
+            rows.append((run.family, run.run_id, name, common.num(x["ladder_match"]),
+                         common.num(x["diagonal"]), " ".join(map(str, x["best_hop"])),
+                         common.num(x.get("final_answer")), common.num(x.get("chance"))))
+        present = [(f"{run.family} {n}", x) for n, x in results if x is not None]
+        if present:
+            fig = common.Figure(f"ladder_{run.run_id}", f"Ladder of {run.family} ({run.run_id})",
+                                "Iteration x hop and depth x hop: share naming the node.",
+                                common.png(ladder.plot(present, f"{run.family} ({run.run_id})")))
+            figures.append(fig)
+            blocks.append(common.image(fig))
+    if rows:
+        blocks.insert(1, Table(("family", "run", "readout", "ladder_match", "diagonal",
+                                "best hop per iteration", "final answer", "chance"), tuple(rows)))
+    gap = common.missing([r for r in runs if all(r.eval(n) is None for n in LADDER)],
+                         "no eval/lens.json or probes.json")
+    if gap:
+        blocks.append(gap)
+    return Section("The ladder", "ladder", tuple(blocks))
+
+
+def per_iteration(flips: list | None, position: int) -> str:
+    if flips is None:
+        return "undefined (no answers differ)"
+    return " ".join(common.num(row[position], 3) for row in flips)
+
+
+def patching_section(runs: list[common.Run], wanted: list[str], figures: list) -> Section:
+    from loopscale.evaluate.patching import plot_patching
+
+    blocks: list = [
+        ("The clean run's stream at one (iteration, position) replaced by a corrupted twin's "
+        "(another start node; eval/patching.json). Flip share: examples whose answer becomes "
+        "the corrupted run's, among those where the two answer differently; per iteration at "
+        "the start node's position and at the answer position.")]
+    rows = []
+    for run in pick(runs, ("patching",), wanted):
+        x = run.eval("patching")
+        if x is None:
+            rows.append((run.family, run.run_id, "not measured", "", "", "", ""))
+            continue
+        start = x["positions"].index("start")
+        flips = x["iteration_flip_share"]
+        rows.append((run.family, run.run_id, common.num(x["clean_accuracy"]),
+                     common.num(x["answers_differ"]), per_iteration(flips, start),
+                     per_iteration(flips, x["answer_pos"]),
+                     str(x["examples"])))
+        fig = common.Figure(f"patching_{run.run_id}", f"Patching of {run.family} ({run.run_id})",
+                            "Flip share and normalised logit difference, iteration x position.",
+                            common.png(plot_patching(x, f"{run.family} ({run.run_id})")))
+        figures.append(fig)
+        blocks.append(common.image(fig))
+    if rows:
+        blocks.insert(1, Table(("family", "run", "clean accuracy", "answers differ",
+                                "flip share at start, per iteration",
+                                "flip share at answer position, per iteration", "examples"),
+                               tuple(rows)))
+    gap = common.missing([r for r in runs if r.eval("patching") is None],
+                         "no eval/patching.json")
+    if gap:
+        blocks.append(gap)
+    return Section("Activation patching", "patching", tuple(blocks))
+
+
+def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Analysis:
+    runs = [r for r in all_runs if r.config is not None]
+    wrong = [r for r in runs if r.config.data.source.value != "permutation"]
+    if wrong:
+        from loopscale.errors import UsageError
+
+        raise UsageError(f"--workdir {args.workdir}: run {wrong[0].run_id} does not train on "
+                         "the permutation task")
+    runs.sort(key=lambda r: (setting(r), r.config.seed, r.run_id))
+    wanted = [w.strip() for w in (args.runs or "").split(",") if w.strip()]
+    figures: list = []
+    sections = [*success_sections(runs, args.threshold),
+                ladder_section(runs, wanted, figures), patching_section(runs, wanted, figures)]
+    untrained = common.missing([r for r in all_runs if r.config is None], "not trained yet")
+    if untrained:
+        sections.insert(0, Section("Not trained", "untrained", (untrained,)))
+    return common.Analysis("Permutation traversal: " + args.workdir, tuple(sections),
+                           tuple(figures))
+
+
+def extra_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threshold", type=float, default=0.9,
+                        help="a run succeeds when its final answer accuracy is at least this")
+    parser.add_argument("--runs", default=None,
+                        help="comma-separated run ids whose ladder and patching maps to draw "
+                             "(default: per family the most accurate one measured)")
+
+
+main = common.entry(__doc__.split("\n\n")[0], analyse, extra_args)
+
+if __name__ == "__main__":
+    raise SystemExit(main())
