@@ -174,12 +174,13 @@ def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Anal
     for r in runs:
         rows_ = [x for x in r.train_rows() if "residual_norm" in x and x["step"] <= args.first_steps]
         if not rows_:
-            res_rows.append((injection(r), str(loops(r)), "–", "–", "–", "–", "–"))
+            res_rows.append((injection(r), str(loops(r)), "–", "–", "–", "–", "–", "–"))
             continue
         a, b = rows_[0], rows_[-1]
         res_rows.append((injection(r), str(loops(r)), str(a["step"]), common.num(a["residual_norm"][-1]),
                          str(b["step"]), common.num(b["residual_norm"][-1]),
-                         common.num(b["residual_norm"][-1] / a["residual_norm"][-1])))
+                         common.num(b["residual_norm"][-1] / a["residual_norm"][-1]),
+                         " ".join(common.num(v, 3) for v in b["residual_norm"])))
     fig_r = common.Figure("residual_norm", "Residual norm of the last loop",
                           "Mean over tokens of ||x_L^(K)|| at the end of the last loop, before "
                           f"the final norm, first {args.first_steps} steps.",
@@ -189,7 +190,8 @@ def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Anal
     sections.append(Section("Residual norms", "residual", (
         ("The last loop's residual norm at the first and last logged step (up to step "
         f"{args.first_steps}) and its growth."),
-        Table(("injection", "loops", "first step", "norm", "last step", "norm", "growth"),
+        Table(("injection", "loops", "first step", "norm", "last step", "norm", "growth",
+               "every loop at the last step"),
               tuple(res_rows)), common.image(fig_r))))
 
     sections.append(_loop_counts(runs, figures))

@@ -158,6 +158,27 @@ def routing_section(runs: list[common.Run], figures: list) -> Section:
     return Section("Routing divergence", "routing", tuple(blocks))
 
 
+def lines_figure(stem: str, title: str, caption: str, lines, **axes) -> common.Figure:
+    """One line per (x, y, label), on one pair of axes set with `axes`."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for x, y, name in lines:
+        ax.plot(x, y, marker=".", lw=1, label=name)
+    ax.set(**axes)
+    ax.legend(fontsize="x-small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return common.Figure(stem, title, caption, common.png(fig))
+
+
+def unmeasured(runs: list[common.Run], name: str) -> list[str]:
+    """The sentence naming the trained runs without eval/NAME.json, if any."""
+    gap = common.missing([r for r in runs if r.config is not None and r.eval(name) is None],
+                         f"no eval/{name}.json")
+    return [gap] if gap else []
+
+
 def early_exit_section(runs: list[common.Run], figures: list) -> Section:
     picks = chosen(runs, "early_exit")
     header = ("family", "run", "d_model", "budget", "full depth",
@@ -175,25 +196,16 @@ def early_exit_section(runs: list[common.Run], figures: list) -> Section:
         "loss. Exits are simulated on one full pass (an upper bound, early_exit.py).")]
     if picks:
         blocks.append(Table(header, tuple(row(r, x) for r, x in picks)))
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.4))
-        for run, x in picks:
-            ax.plot(100 * np.asarray(x["flops_saved"]), x["ppl"], lw=1, label=run.family)
-        ax.set(xlabel="forward FLOPs saved (%)", ylabel="held-out perplexity", yscale="log")
-        ax.legend(fontsize="x-small")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        figure = common.Figure("early_exit", "Early exit", "Perplexity against FLOPs saved.",
-                               common.png(fig))
+        figure = lines_figure(
+            "early_exit", "Early exit", "Perplexity against FLOPs saved.",
+            [(100 * np.asarray(x["flops_saved"]), x["ppl"], run.family) for run, x in picks],
+            xlabel="forward FLOPs saved (%)", ylabel="held-out perplexity", yscale="log")
         figures.append(figure)
-        blocks += [common.image(figure), "Every measured run:",
-                   Table(header, tuple(row(r, r.eval("early_exit")) for r in runs
-                                       if r.eval("early_exit") is not None))]
-    gap = common.missing([r for r in runs if r.config is not None and r.eval("early_exit") is None],
-                         "no eval/early_exit.json")
-    if gap:
-        blocks.append(gap)
+        blocks.append(common.image(figure))
+        measured = [(r, r.eval("early_exit")) for r in runs if r.eval("early_exit") is not None]
+        if len(measured) > len(picks):
+            blocks += ["Every measured run:", Table(header, tuple(row(*m) for m in measured))]
+    blocks += unmeasured(runs, "early_exit")
     return Section("Early exit (Table 7)", "early-exit", tuple(blocks))
 
 
@@ -208,26 +220,14 @@ def jsd_section(runs: list[common.Run], figures: list) -> Section:
              ", ".join(common.num(v, 3) for v in x["share_below"]) or "–")
             for r, x in picks]
     if rows:
-        blocks.append(Table(("family", "run", "d_model", "exits", "mean JSD", "share < 0.5"),
+        blocks.append(Table(("family", "run", "d_model", "exits", "mean JSD", "share below 0.5"),
                             tuple(rows)))
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.4))
-        for run, x in picks:
-            if x["exits"]:
-                ax.plot(x["exits"], x["mean"], marker="o", lw=1, label=run.family)
-        ax.set(xlabel="exit", ylabel="JSD to the final exit (bits)", ylim=(0, 1))
-        ax.legend(fontsize="x-small")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        figure = common.Figure("jsd", "JSD per exit", "Mean JSD to the final exit.",
-                               common.png(fig))
+        figure = lines_figure("jsd", "JSD per exit", "Mean JSD to the final exit.",
+                              [(x["exits"], x["mean"], run.family) for run, x in picks],
+                              xlabel="exit", ylabel="JSD to the final exit (bits)", ylim=(0, 1))
         figures.append(figure)
         blocks.append(common.image(figure))
-    gap = common.missing([r for r in runs if r.config is not None and r.eval("jsd") is None],
-                         "no eval/jsd.json")
-    if gap:
-        blocks.append(gap)
+    blocks += unmeasured(runs, "jsd")
     return Section("Convergence across exits (JSD)", "jsd", tuple(blocks))
 
 

@@ -27,8 +27,9 @@ import frontiers
 import permutation
 
 OLD_SWEEP = Path(__file__).parent / "fixtures" / "rundirs_fb4f2b5" / "sweep"
-TINY = {"train.steps": 4, "train.eval_every": 2, "train.checkpoint_every": 0,
-        "model.d_model": 32}
+# One layer per loop, two loops: the fewest programs to compile for a looped run.
+TINY = {"train.steps": 4, "train.eval_every": 0, "train.checkpoint_every": 0,
+        "model.d_model": 32, "model.n_unique": 1, "model.n_loops": 2}
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +58,16 @@ def analyse(script, workdir, *args) -> str:
 
 @pytest.fixture(scope="module")
 def flt_sweep(corpus, tmp_path_factory):
-    """Two 3-loop FLT runs, `none` (nothing measured) and `flt` (act_grad_norm logged,
-    `loopscale eval --what=loops` run)."""
+    """One 2-loop FLT run (act_grad_norm logged, `loopscale eval --what=loops` run) and one
+    planned run not trained yet (its run.json only, as the runner leaves it before launching)."""
     sweep = tmp_path_factory.mktemp("flt") / "sweep"
-    for inj, fields in (("none", {}), ("flt", {"train.log_act_grads": True})):
-        cfg = trainkit.config("flt", *corpus, **TINY, **fields, **{
-            "model.injection": inj, "model.n_loops": 3, "name": inj})
-        assert train(cfg, str(sweep / "runs" / inj)) == 0
+    cfg = trainkit.config("flt", *corpus, **TINY, **{"train.log_act_grads": True, "name": "flt"})
+    assert train(cfg, str(sweep / "runs" / "flt")) == 0
     assert loopscale(["eval", f"--workdir={sweep / 'runs' / 'flt'}", "--what=loops",
                       "--batches=1"]) == 0
+    (sweep / "runs" / "planned").mkdir()
+    (sweep / "runs" / "planned" / "run.json").write_text(json.dumps(
+        {"run_id": "planned", "family": "none"}))
     return sweep
 
 
@@ -74,19 +76,24 @@ def test_flt_report(flt_sweep):
     loops = json.loads((flt_sweep / "runs" / "flt" / "eval" / "loops.json").read_text())
     row = next(r for r in rows_of(report, "flt")
                if len(r) == 6 and not r[2].startswith(("eval/", "metrics")))  # ppl per count
-    assert row[1:5] == ["3", common.num(loops["ppl"][0]), common.num(loops["ppl"][2]),
+    assert row[1:5] == ["2", common.num(loops["ppl"][0]), common.num(loops["ppl"][1]),
                         common.num(loops["ppl"][-1])]
-    # The `none` run has neither loops.json nor act_grad_norm: named as missing, not faked.
-    assert "Missing for 1 run(s) (no eval/loops.json" in report
-    assert "Missing for 1 run(s) (no eval/act_grads.json and no act_grad_norm logged): none x3" \
-        in report
     logged = [r for r in trainkit.metric_rows(flt_sweep / "runs" / "flt") if "act_grad_norm" in r]
     act = next(r for r in rows_of(report, "flt") if r[2].startswith("metrics act_grad_norm"))
-    assert act[3] == common.num(logged[-1]["act_grad_norm"][0])
-    # Collapse as summary.json records it; the cosine of consecutive gradients is not logged.
-    for inj in ("none", "flt"):
-        summary = json.loads((flt_sweep / "runs" / inj / "summary.json").read_text())
-        assert rows_of(report, inj)[0][7] == common.num(summary["collapsed"])
+    assert act[3:5] == [common.num(logged[-1]["act_grad_norm"][0]),
+                        common.num(logged[-1]["act_grad_norm"][-1])]
+    # The planned run is named, not dropped; collapse is summary.json's.
+    assert "1 trained run(s) of 2 in the sweep" in report
+    assert "Missing for 1 run(s) (not trained yet, no config.json): none/planned." in report
+    summary = json.loads((flt_sweep / "runs" / "flt" / "summary.json").read_text())
+    assert rows_of(report, "flt")[0][7] == common.num(summary["collapsed"])
+    # Oscillation: the windows of the logged gradient norms.
+    norms = np.array([r["grad_norm"] for r in trainkit.metric_rows(flt_sweep / "runs" / "flt")
+                      if "grad_norm" in r])
+    _, std, cv, _ = flt_stability.window_spread(norms, flt_stability.WINDOW)
+    grads = next(r for r in rows_of(report, "flt") if len(r) == 9)
+    assert grads[4:6] == [common.num(std), common.num(cv)]
+    # The cosine of consecutive gradients is not logged: said so, not faked.
     assert "## Not measured" in report and "Cosine between consecutive gradients" in report
     for png in (flt_sweep / "analysis").glob("*.png"):
         assert png.stat().st_size < 150_000
@@ -145,8 +152,10 @@ def test_frontiers_table7_and_missing(iso_sweep):
     # The Base runs were never evaluated: named as missing, the rest of the report intact.
     assert "Missing for 6 run(s) (no eval/early_exit.json)" in report
     assert "Missing for 6 run(s) (no eval/jsd.json)" in report
-    assert {p.stem for p in (iso_sweep / "analysis").glob("*.png")} >= {
-        "frontiers", "isoflop", "loss_vs_params", "early_exit", "jsd", "routing"}
+    pngs = list((iso_sweep / "analysis").glob("*.png"))
+    assert {p.stem for p in pngs} == {"frontiers", "isoflop", "loss_vs_params", "early_exit",
+                                      "jsd", "routing"}
+    assert all(p.stat().st_size < 150_000 for p in pngs)
 
 
 # ------------------------------------------------------------------------------- permutation
@@ -154,16 +163,17 @@ def test_frontiers_table7_and_missing(iso_sweep):
 
 @pytest.fixture(scope="module")
 def perm_sweep(tmp_path_factory):
-    """One tiny looped permutation run measured by accuracy, lens, probes and patching, and
+    """One tiny looped permutation run measured by accuracy, lens and patching (not probes), and
     five copies of its config with known accuracies in summary.json (seeds 1-5)."""
     sweep = tmp_path_factory.mktemp("perm") / "sweep"
     cfg = parse(load_config("experiments/permutation.py:tiny", [
         "--config.name=looped", "--config.train.steps=3", "--config.train.checkpoint_every=0",
+        "--config.model.n_unique=1",
         "--config.train.eval_every=0", "--config.model.d_model=32", "--config.data.n_nodes=8",
         "--config.data.hops_min=2", "--config.data.hops_max=3", "--config.train.eval_batches=2"]))
     real = sweep / "runs" / "real"
     assert train(cfg, str(real)) == 0
-    assert loopscale(["eval", f"--workdir={real}", "--what=accuracy,lens,probes,patching"]) == 0
+    assert loopscale(["eval", f"--workdir={real}", "--what=accuracy,lens,patching"]) == 0
     config = json.loads((real / "config.json").read_text())
     for seed, acc in enumerate((0.95, 0.9, 0.899, 0.2, None), start=1):
         run = sweep / "runs" / f"seed{seed}"
@@ -190,6 +200,8 @@ def test_success_table_counts_the_runs_at_the_threshold(perm_sweep):
     lens = json.loads((perm_sweep / "runs" / "real" / "eval" / "lens.json").read_text())
     ladder = next(r for r in rows_of(report, "looped") if r[1:3] == ["real", "lens"])
     assert ladder[3:5] == [common.num(lens["ladder_match"]), common.num(lens["diagonal"])]
+    assert next(r for r in rows_of(report, "looped") if r[1:3] == ["real", "probes"])[3] == \
+        "not measured"
     assert (perm_sweep / "analysis" / "ladder_real.png").stat().st_size < 150_000
     assert (perm_sweep / "analysis" / "patching_real.png").exists()
     # A higher threshold: none of the known runs succeeds.
