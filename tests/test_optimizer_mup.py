@@ -10,7 +10,10 @@ import optax
 import pytest
 from helpers import tiny_model_config, tokens
 
-from loopscale.config import Param
+from loopscale.cli import main
+from loopscale.config import Param, load_config, parse
+from loopscale.config.schema import Optimizer
+from loopscale.errors import UsageError
 from loopscale.model import LoopedLM, lr_multipliers
 from loopscale.train.optimizer import adam_with_mup, role_labels
 
@@ -63,8 +66,11 @@ def test_update_is_sp_update_times_lr_multiplier(setup, param):
     for leaf in ("wq", "wo"):
         np.testing.assert_allclose(layers(scaled)["attn"][leaf], layers(sp)["attn"][leaf] / w,
                                    rtol=1e-6)
-    np.testing.assert_allclose(layers(scaled)["moe"]["w_down"], layers(sp)["moe"]["w_down"] / w,
-                               rtol=1e-6)
+    # w_down's fan-in is the expert width, 192 here against 64 at the base width 32 (SwiGLU's
+    # rounded rule): mup divides by that ratio, the sparse-layers study by d_model's.
+    fan_in = 192 / 64 if param is Param.MUP else w
+    np.testing.assert_allclose(layers(scaled)["moe"]["w_down"],
+                               layers(sp)["moe"]["w_down"] / fan_in, rtol=1e-6)
     np.testing.assert_allclose(scaled["embedding"], sp["embedding"], rtol=1e-6)
     np.testing.assert_allclose(layers(scaled)["attn_norm"]["scale"],
                                layers(sp)["attn_norm"]["scale"], rtol=1e-6)
@@ -103,3 +109,20 @@ def test_multipliers_hold_over_steps_and_schedules(setup):
             updates["embedding"]).max()
         # Constant gradients: Adam's direction is +-1 everywhere, so only lr * mult differs.
         np.testing.assert_allclose(ratio, 1.0 / cfg.width_mult, rtol=1e-3)
+
+
+@pytest.mark.parametrize("param", ["mup", "mup_sparse"])
+def test_muon_refuses_a_mup_model(param, capsys):
+    """muP's LR factors are Adam's; Muon would drop them while the model still applied muP's
+    init and forward multipliers. Refused when the config is read: exit 2, one line."""
+    overrides = [f"--config.model.param={param}", "--config.train.optimizer=muon",
+                 "--config.train.weight_decay_mode=coupled"]
+    with pytest.raises(UsageError, match="model.param=sp"):
+        parse(load_config("experiments/base.py:tiny", overrides))
+    capsys.readouterr()
+    assert main(["flops", "--config=experiments/base.py:tiny", "--no-xla", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.param=sp" in err[0]
+    # The FLT recipe (Muon under sp) is what Muon is for, and parses.
+    flt = parse(load_config("experiments/flt.py:small", []))
+    assert flt.train.optimizer is Optimizer.MUON and flt.model.param is Param.SP

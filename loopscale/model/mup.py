@@ -21,11 +21,16 @@ only in the attention scale.
 | norm gain | 1, lr 1        | 1, lr 1                          | 1, lr 1                          |
 | attention | a/sqrt(d_head) | a/d_head                         | a/d_head                         |
 
-Hidden weights have fan-in proportional to d_model (d_ff and heads*d_head scale with it), so
-"variance proportional to 1/fan_in" is s^2/w. The readout and router are "vector-like" in mup's
+Under `mup`, w of a hidden weight is its fan-in's width multiplier, as microsoft/mup's
+InfShape.width_mult (its last infinite dimension, the fan-in): d_model/base_d_model for wq, wk,
+wv, w_up, w_gate and wo (heads*d_head = d_model), but for w_down the FFN width (the expert
+width in an MoE) at this d_model over the same at base_d_model (`fan_in_mult`). The SwiGLU rule
+64*ceil(8d/3/64) is not proportional to d (d 128 -> 384, 512 -> 1408: x3.67, not x4), so
+"variance proportional to 1/fan_in" is s^2/fan_in_mult there. The readout and router are "vector-like" in mup's
 sense (only their fan-in grows): mup's MuReadout keeps their init and Adam LR width-independent
 and divides their output by w. The sparse-layers study instead divides init variance and LR by
-w for every weight except the embedding and uses no multipliers.
+w for every weight except the embedding and uses no multipliers; its d/128 is d_model's, for
+w_down too, as the study states it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import math
 
 import jax
 
-from loopscale.config.schema import InitSpec, ModelConfig, Param
+from loopscale.config.schema import FFNKind, InitSpec, ModelConfig, Param
 
 
 class Role(enum.Enum):
@@ -66,8 +71,11 @@ class InitRole(enum.Enum):
     HEAD = "head"
 
 
-def scaling(role: Role, cfg: ModelConfig, base_std: float | None = None) -> Scaling:
-    """`base_std`: the weight's std at the base width (default `cfg.init_std`)."""
+def scaling(role: Role, cfg: ModelConfig, base_std: float | None = None,
+            fan_in: float | None = None) -> Scaling:
+    """`base_std`: the weight's std at the base width (default `cfg.init_std`); `fan_in`: a
+    hidden weight's fan-in width multiplier under `mup` (default d_model's, `cfg.width_mult`;
+    `fan_in_mult` gives it by name)."""
     s, w = cfg.init_std if base_std is None else base_std, cfg.width_mult
     if role is Role.NORM:
         return Scaling(init_std=0.0, forward_mult=1.0, lr_mult=1.0)
@@ -80,6 +88,7 @@ def scaling(role: Role, cfg: ModelConfig, base_std: float | None = None) -> Scal
         return Scaling(init_std=s / math.sqrt(w), forward_mult=base_forward, lr_mult=1.0 / w)
     # Param.MUP
     if role is Role.HIDDEN:
+        w = w if fan_in is None else fan_in
         return Scaling(init_std=s / math.sqrt(w), forward_mult=1.0, lr_mult=1.0 / w)
     return Scaling(init_std=s, forward_mult=base_forward / w, lr_mult=1.0)
 
@@ -123,11 +132,34 @@ INIT_ROLE_OF_NAME = {
 }
 
 
+def ffn_fan_in_mult(cfg: ModelConfig) -> float:
+    """w_down's fan-in, the FFN width (an expert's in an MoE), at this width over the same at
+    base_d_model. An explicit width (d_ff, expert_d_ff) is taken to scale with d_model, as
+    coordcheck's width_config scales it, so only the rules (SwiGLU's rounding, d_ff // top_k)
+    can make this differ from d_model/base_d_model."""
+    if cfg.d_ff or (cfg.ffn is FFNKind.MOE and cfg.expert_d_ff):
+        return cfg.width_mult
+    base = dataclasses.replace(cfg, d_model=cfg.base_d_model)
+    if cfg.ffn is FFNKind.MOE:
+        return cfg.expert_width / base.expert_width
+    return cfg.ffn_width / base.ffn_width
+
+
+def fan_in_mult(name: str, cfg: ModelConfig) -> float:
+    """The width multiplier of the fan-in of the weight called `name` (see the table's notes)."""
+    return ffn_fan_in_mult(cfg) if name == "w_down" else cfg.width_mult
+
+
+def scaling_of(name: str, cfg: ModelConfig, base_std: float | None = None) -> Scaling:
+    """`scaling` of the weight called `name`: its role, at its own fan-in multiplier."""
+    return scaling(ROLE_OF_NAME[name], cfg, base_std, fan_in_mult(name, cfg))
+
+
 def init_of(name: str, cfg: ModelConfig) -> InitSpec:
     """The distribution and std, at this width, of the weight called `name`: its init role's
     entry, its std (or init_std) scaled by the parametrisation for its muP role."""
     spec = getattr(cfg.init, INIT_ROLE_OF_NAME[name].value)
-    std = scaling(ROLE_OF_NAME[name], cfg, spec.std or cfg.init_std).init_std
+    std = scaling_of(name, cfg, spec.std or cfg.init_std).init_std
     return InitSpec(dist=spec.dist, std=std)
 
 
@@ -145,5 +177,5 @@ def param_roles(params):
 def lr_multipliers(params, cfg: ModelConfig):
     """Pytree of per-parameter learning-rate factors, for optax (train/optimizer.py)."""
     return jax.tree_util.tree_map_with_path(
-        lambda p, _: scaling(ROLE_OF_NAME[_leaf_name(p)], cfg).lr_mult, params
+        lambda p, _: scaling_of(_leaf_name(p), cfg).lr_mult, params
     )

@@ -1,9 +1,10 @@
 """Optimisers with the width parametrisation's per-parameter learning-rate multipliers.
 
 muP for Adam (model/mup.py) gives every weight an LR factor that depends only on its role and
-the width ratio d_model/base_d_model. Adam's update is invariant to the gradient's scale, so the
-factor must multiply the *update*: after `scale_by_adam`, before the (scheduled) learning rate.
-The labels come from `param_roles` and the factors from `mup.scaling`, the same table the init
+the width ratio of its fan-in (d_model/base_d_model, or the FFN width's for w_down). Adam's
+update is invariant to the gradient's scale, so the factor must multiply the *update*: after
+`scale_by_adam`, before the (scheduled) learning rate.
+The factors come from `mup.scaling_of` (role and fan-in by name), the same table the init
 and the forward multipliers read, so the three cannot disagree.
 
 The trainer's optimiser (`build_optimizer`) runs at the peak learning rate and the schedule is
@@ -40,13 +41,26 @@ def role_labels(params):
     return jax.tree.map(lambda _, name: name, params, names, is_leaf=_is_box)
 
 
+def _per_leaf(factor) -> optax.GradientTransformation:
+    """Stateless: multiplies each update by factor(its leaf name) (boxed or plain trees)."""
+    def scale(updates, params=None):
+        del params
+        return jax.tree_util.tree_map_with_path(
+            lambda path, u: u * factor(mup._leaf_name(path)), updates)
+    return optax.stateless(scale)
+
+
 def mup_lr_scaling(cfg: ModelConfig) -> optax.GradientTransformation:
-    """Multiplies each parameter's update by its role's LR factor, `scaling(role, cfg).lr_mult`.
+    """Multiplies each parameter's update by its LR factor, `mup.scaling_of(name, cfg).lr_mult`
+    (per weight, not per role: w_down's fan-in multiplier is the FFN width's).
 
     Stateless. Chain it after the update direction (`scale_by_adam`) and before the learning
-    rate. Under `sp`, and at width_mult 1 under every preset, every factor is 1."""
-    factors = {role.value: optax.scale(mup.scaling(role, cfg).lr_mult) for role in mup.Role}
-    return optax.multi_transform(factors, role_labels)
+    rate. Under `sp`, and at width_mult 1 under every preset, every factor is 1. The split by
+    role is kept only so that the optimiser state keeps the shape runs were saved with."""
+    def lr_mult(name: str) -> float:
+        return mup.scaling_of(name, cfg).lr_mult
+    return optax.multi_transform({role.value: _per_leaf(lr_mult) for role in mup.Role},
+                                 role_labels)
 
 
 def adam_with_mup(learning_rate: optax.ScalarOrSchedule, cfg: ModelConfig, b1: float = 0.9,
@@ -75,12 +89,26 @@ def _independent_decay(train: TrainConfig) -> optax.GradientTransformation:
     return optax.add_decayed_weights(-train.weight_decay, mask=_decay_mask)
 
 
+def _coupled_decay(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransformation:
+    """Coupled decay (multiplied by the LR), added before the muP factor at wd / lr_mult, so
+    the step decays p by lr * wd whatever the width: microsoft/mup's MuAdamW divides a matrix's
+    LR by its width multiplier and multiplies its weight_decay by the same, keeping lr x wd the
+    base width's (a decay tied to lr / w would fade away as the model widens)."""
+    def decay(path, u, p):
+        return u + train.weight_decay / mup.scaling_of(mup._leaf_name(path), cfg).lr_mult * p
+
+    def add_decay(updates, params):
+        return jax.tree_util.tree_map_with_path(decay, updates, params)
+    # masked(stateless): the same state as optax.add_decayed_weights(mask=...) had.
+    return optax.masked(optax.stateless(add_decay), _decay_mask)
+
+
 def adamw_with_mup(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransformation:
     coupled = train.weight_decay and train.weight_decay_mode is WeightDecay.COUPLED
     independent = train.weight_decay and train.weight_decay_mode is WeightDecay.INDEPENDENT
     return optax.chain(
         optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
-        optax.add_decayed_weights(train.weight_decay, mask=_decay_mask) if coupled else optax.identity(),
+        _coupled_decay(train, cfg) if coupled else optax.identity(),
         mup_lr_scaling(cfg),
         optax.scale_by_learning_rate(train.lr),
         _independent_decay(train) if independent else optax.identity(),
