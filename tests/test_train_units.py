@@ -131,17 +131,19 @@ def test_clipping_happens_before_adam(opt_params):
 
 @pytest.mark.parametrize("lr", [0.5, 2.0])
 def test_coupled_weight_decay(opt_params, lr):
-    """Zero gradients: Adam's direction is 0, so the step is the decay alone, added before the
-    muP factor and the LR: p1 = p - lr * mult(role) * wd * p, embedding and norm gains kept."""
+    """Zero gradients: Adam's direction is 0, so the step is the decay alone: p1 = p - lr * wd * p
+    for every decayed role whatever its muP LR factor (hidden: 2 here), as microsoft/mup's
+    MuAdamW keeps lr x wd at the base width's (its weight_decay times what the LR is divided
+    by); embedding and norm gains kept."""
     params, shapes = opt_params
     wd = 0.01
     train = train_config(weight_decay=wd, weight_decay_mode="coupled", schedule="constant",
                          warmup_steps=0, lr=lr, grad_clip=0.0)
     (updates,), _ = one_step(train, params, [jax.tree.map(jnp.zeros_like, params)])
     new = optax.apply_updates(params, updates)
-    mult = {"hidden": 2.0, "hidden_expert": 2.0, "readout": 1.0, "router": 1.0}  # muP's
+    decayed = {"hidden", "hidden_expert", "readout", "router"}
     for role, path in ROLE_PATHS.items():  # embedding and norm gains: no decay at all
-        want = leaf(params, *path) * (1 - lr * mult.get(role, 0.0) * wd)
+        want = leaf(params, *path) * (1 - lr * wd * (role in decayed))
         np.testing.assert_allclose(leaf(new, *path), want, rtol=1e-6, err_msg=role)
 
 

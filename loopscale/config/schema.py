@@ -112,7 +112,7 @@ class Optimizer(enum.Enum):
 
 
 class WeightDecay(enum.Enum):
-    COUPLED = "coupled"  # decay scaled by the learning rate (optax.adamw)
+    COUPLED = "coupled"  # decay scaled by the LR (optax.adamw); under muP by the base LR, as MuAdamW
     INDEPENDENT = "independent"  # decay not scaled by the LR schedule peak
 
 
