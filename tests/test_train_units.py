@@ -37,10 +37,11 @@ from loopscale.train.step import (
 from loopscale.train.trainer import _loops_for_step, train
 
 
-def train_config(**fields):
-    """A TrainConfig from the base tiny experiment with `--config.train.KEY=VALUE` overrides."""
-    return parse(load_config("experiments/base.py:tiny",
-                             [f"--config.train.{k}={v}" for k, v in fields.items()])).train
+def train_config(*model_overrides, **fields):
+    """A TrainConfig from the base tiny experiment with `--config.train.KEY=VALUE` overrides
+    (and `--config.model...` ones, for what parse checks against the model)."""
+    return parse(load_config("experiments/base.py:tiny", [
+        *model_overrides, *(f"--config.train.{k}={v}" for k, v in fields.items())])).train
 
 
 def leaf(tree, *path):
@@ -173,8 +174,9 @@ def test_muon_recipe(opt_params):
     gains and router take AdamW at their own LRs (Adam's first step is lr * sign(g))."""
     params, shapes = opt_params
     lr, embed_lr, head_lr = 0.02, 0.2, 0.004
-    train = train_config(optimizer="muon", lr=lr, embed_lr=embed_lr, head_lr=head_lr,
-                         weight_decay=0.0, schedule="constant", warmup_steps=0, grad_clip=0.0)
+    train = train_config("--config.model.param=sp", optimizer="muon", lr=lr, embed_lr=embed_lr,
+                         head_lr=head_lr, weight_decay=0.0, schedule="constant", warmup_steps=0,
+                         grad_clip=0.0)
     grads = _random_tree(shapes, 3)
     # Block matrices get gradients of a known spread of singular values (1 down to 1/20);
     # Muon must return them nearly orthogonal. Paths and (fan_in, fan_out) reshapes:

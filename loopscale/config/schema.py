@@ -417,6 +417,12 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
     if t.optimizer is Optimizer.MUON and t.weight_decay and t.weight_decay_mode is WeightDecay.INDEPENDENT:
         raise UsageError("train.weight_decay_mode=independent is not available with "
                          "train.optimizer=muon (optax's Muon couples decay to the LR)")
+    if t.optimizer is Optimizer.MUON and config.model.param is not Param.SP:
+        # muP's LR factors are Adam's rules (entrywise-normalised updates); Muon's orthogonalised
+        # update sets its own width scaling, so muP's init and forward multipliers without them,
+        # or with them, is an untested mixture. The FLT recipe is Muon with sp.
+        raise UsageError(f"train.optimizer=muon needs model.param=sp (got "
+                         f"{config.model.param.value}): muP's LR multipliers are Adam's rules")
     if any(not isinstance(k, int) or k < 1 for k in t.loop_choices):
         raise UsageError(f"train.loop_choices={t.loop_choices} must be positive integers")
     if any(not isinstance(k, int) or not 1 <= k <= t.steps for k in t.keep_steps):
