@@ -30,6 +30,7 @@ import common
 import numpy as np
 
 from loopscale.commands.common import add_fit_args
+from loopscale.config import FFNKind
 from loopscale.errors import UsageError
 from loopscale.evaluate.early_exit import SAVED_TARGETS
 from loopscale.scaling import report as rep
@@ -118,7 +119,7 @@ def params_section(runs: list[common.Run]) -> Section:
 
 
 def routing_section(runs: list[common.Run], figures: list) -> Section:
-    moe = [r for r in runs if r.config is not None and r.config.model.ffn.value == "moe"]
+    moe = [r for r in runs if r.config is not None and r.config.model.ffn is FFNKind.MOE]
     have = [(r, r.eval("routing")) for r in moe]
     blocks: list = [("Per physical layer, a token's top-k experts on consecutive loop passes: "
                     "shares identical / partly shared / disjoint (eval/routing.json), mean over "

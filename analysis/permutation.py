@@ -26,7 +26,9 @@ import argparse
 
 import common
 
+from loopscale.config import DataSource
 from loopscale.data.permutation import shortcut_probability
+from loopscale.errors import UsageError
 from loopscale.scaling.report import Section, Table
 
 LADDER = ("lens", "probes")
@@ -185,14 +187,17 @@ def patching_section(runs: list[common.Run], wanted: list[str], figures: list) -
 
 def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Analysis:
     runs = [r for r in all_runs if r.config is not None]
-    wrong = [r for r in runs if r.config.data.source.value != "permutation"]
+    wrong = [r for r in runs if r.config.data.source is not DataSource.PERMUTATION]
     if wrong:
-        from loopscale.errors import UsageError
-
         raise UsageError(f"--workdir {args.workdir}: run {wrong[0].run_id} does not train on "
                          "the permutation task")
     runs.sort(key=lambda r: (setting(r), r.config.seed, r.run_id))
     wanted = [w.strip() for w in (args.runs or "").split(",") if w.strip()]
+    unknown = sorted(set(wanted) - {r.run_id for r in runs})
+    if unknown:
+        raise UsageError(f"--runs: no trained run {unknown[0]} in {args.workdir}")
+    if not 0.0 <= args.threshold <= 1.0:
+        raise UsageError(f"--threshold must be between 0 and 1, got {args.threshold}")
     figures: list = []
     sections = [*success_sections(runs, args.threshold),
                 ladder_section(runs, wanted, figures), patching_section(runs, wanted, figures)]

@@ -212,17 +212,19 @@ def test_success_table_counts_the_runs_at_the_threshold(perm_sweep):
 # ------------------------------------------------------------------------------- bad input
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, flt_sweep):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, flt_sweep, perm_sweep):
     (tmp_path / "empty").mkdir()
     (tmp_path / "planned" / "runs").mkdir(parents=True)
     for script, workdir, phrase in (
             (flt_stability, tmp_path / "nope", "no such directory"),
             (frontiers, tmp_path / "empty", "not a sweep directory"),
             (permutation, tmp_path / "planned", "holds no trained runs"),
-            (permutation, flt_sweep, "does not train on the permutation task")):
+            (permutation, flt_sweep, "does not train on the permutation task"),
+            (permutation, perm_sweep, "--runs: no trained run nope")):
         capsys.readouterr()
         before = sorted(p.name for p in Path(workdir).glob("*")) if Path(workdir).exists() else None
-        assert script.main([f"--workdir={workdir}", f"--out={tmp_path / 'out'}"]) == 2
+        assert script.main([f"--workdir={workdir}", f"--out={tmp_path / 'out'}",
+                            *(["--runs=nope"] if workdir == perm_sweep else [])]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and phrase in err[0], err
         assert not (tmp_path / "out").exists()
