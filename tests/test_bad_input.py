@@ -94,9 +94,9 @@ CATALOGUE = [
      "unknown config field in config.model.nope"),
     # Measurements that do not exist, wherever they are named.
     (["plan", "--sweep=sweeps/permutation.py", "--sweep.measure=ppl,nope",
-      "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops, jsd, routing, accuracy)"),
-    (["train", "--config=experiments/base.py:tiny", "--eval=early_exit", "--workdir={tmp}/run"],
-     "--eval=early_exit is not built yet"),
+      "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops, "),
+    (["train", "--config=experiments/base.py:tiny", "--eval=ppl,nope", "--workdir={tmp}/run"],
+     "--eval=nope is not a measurement"),
     # Results tables that cannot be fitted, for both commands that fit.
     *[([command, "{bad}/two_rows.csv", out], "two_rows.csv: nothing could be fitted (family "
        "base: no parametric fit: 2 runs")

@@ -78,8 +78,8 @@ def get_config(arg=None):
     s.families = {"base": {"experiment": "experiments/base.py:tiny", "overrides": {}}}
     s.overrides = {"model": {"base_d_model": 32, "scan": False}, "train": {"eval_batches": 2}}
     s.budgets = (1e9, 2e9)
-    s.shape = {"kind": "width", "widths": (2, 4, 6), "head_dim": 0, "n_heads": 1, "shapes": (),
-               "sizes": 3, "tokens_per_param": 50.0, "params": "params_active"}
+    s.shape = {"kind": "width", "widths": (2, 4), "head_dim": 0, "n_heads": 1, "shapes": (),
+               "sizes": 2, "tokens_per_param": 50.0, "params": "params_active"}
     s.batch_size, s.seq_len = 16, 32
     s.lrs = (1.2e-2,)
     s.min_steps = 10
@@ -106,8 +106,8 @@ def test_plan_marks_trunks_and_branches_and_counts_their_flops(sweep_file):
     alone = plan(load_sweep(sweep_file, ["--sweep.branches=False"])).runs
     trunks = {r.run_id: r for r in branched if r.row["role"] == "trunk"}
     branches = [r for r in branched if r.row["role"] == "branch"]
-    assert len(trunks) == 3 and len(branches) == len(alone) == 6
-    assert [r.row["role"] for r in branched[:3]] == ["trunk"] * 3  # trunks launch first
+    assert len(trunks) == 2 and len(branches) == len(alone) == 4
+    assert [r.row["role"] for r in branched[:2]] == ["trunk"] * 2  # trunks launch first
     for b in branches:
         t, trunk = b.config.train, trunks[b.config.train.branch_from].config.train
         # The branch point is where the branch's WSD cooldown starts, and the trunk keeps it.
@@ -138,7 +138,7 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
     rows = collect_dir(str(workdir))
     assert {r["status"] for r in rows} == {"completed"}
     points = [r for r in rows if r["role"] == "branch"]
-    assert len(points) == 6 and all(r["loss"] is not None for r in points)
+    assert len(points) == 4 and all(r["loss"] is not None for r in points)
     assert all(r["loss"] is None for r in rows if r["role"] == "trunk")
     for r in points:  # each point's run spent its whole budget, trunk steps included
         assert float(r["flops"]) == pytest.approx(float(r["budget"]), rel=0.05)
