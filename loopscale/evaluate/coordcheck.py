@@ -34,9 +34,15 @@ Two properties of muP matter when reading the logits (measured in tests/test_coo
   ~0.55-0.65 over steps 1-3. This fails the criterion by design, not because of a bug;
 - with `model.zero_init_readout=True` (mup's `readout_zero_init`) the logits are exactly 0 at
   init and Theta(1) from the first step, so every coordinate, logits included, is comparable.
-  The hidden weights then get no gradient on step 1 (it flows through the zero readout) and
-  first move on step 2; under mup the router is the only block weight moved by step 1, and
-  only by the MoE auxiliary losses.
+  The language-model loss then gives the hidden weights no gradient on step 1 (it flows
+  through the zero readout), so they first move with it on step 2. In an MoE the auxiliary
+  losses (load balancing, router z) do reach them on step 1, through the routers: every weight
+  upstream of a router (embedding, attention, earlier layers) takes Adam's first, sign-like
+  step on that weak signal alone. Its noise shows at small widths: the step-1 logits of the
+  MoE families at width 128 are 1.24-1.31x below width 512's (Looped-MoE 0.0153, 0.0165,
+  0.0200, 0.0200 at 128, 256, 512, 1024; MoE 0.0134, 0.0151, 0.0166, 0.0188), and the gap is
+  within 1.1x by step 2: a deficit fading roughly like 1/sqrt(width), not the constant factor
+  per doubling of a width exponent (README).
 
 Finite width shows too. At width 128 (two heads of 64) single seeds differ by 5-10% in the
 sub-layer outputs, hence several seeds. At a large LR without warmup (1e-2 at base width 128)
