@@ -24,20 +24,20 @@ import numpy as np
 
 from loopscale import data as data_lib
 from loopscale import flops as flops_lib
-from loopscale.data import permutation
 from loopscale.config import Config, DataSource
-from loopscale.evaluate.answers import answer_sums
+from loopscale.data import permutation
 from loopscale.errors import UsageError
 from loopscale.evaluate.lm import evaluate, jit_eval_step
 from loopscale.model import LoopedLM
-from loopscale.train import diagnostics, mesh as mesh_lib
-from loopscale.rundir.checkpoint import CheckpointError, Checkpointer, abstract_like, one_line
+from loopscale.rundir.checkpoint import Checkpointer, CheckpointError, abstract_like, one_line
 from loopscale.rundir.run import CHECKPOINTS, RunDirectory, branch_source
 from loopscale.rundir.status import ExitCode, RunStatus
+from loopscale.train import diagnostics
+from loopscale.train import mesh as mesh_lib
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
-from loopscale.train.step import (TrainState, act_grad_norms, loop_grad_norms, micro_batches,
-                                  train_step)
+from loopscale.train.state_metrics import StateMetrics
+from loopscale.train.step import TrainState, train_step
 
 # Failures of the machine rather than of the code: a full disk, a lost filesystem, checkpoints
 # that do not restore. They end the run with status `failed`, one line on stderr and
@@ -152,35 +152,11 @@ class _Pending:
     dispatched: float  # time.time() when it was dispatched
 
 
-def _answer_accuracy(s: _Setup, params, eval_ds) -> dict:
-    """Permutation traversal: the share of held-out answers right at the final exit, beside
-    the shortcut's (answering the start node), counted on the devices."""
-    if "answers" not in s.compiled:
-        s.compiled["answers"] = jax.jit(functools.partial(
-            answer_sums, model=s.model, train=s.config.train, n_loops=s.config.model.n_loops))
-    total = None
-    for local in eval_ds.iterator():
-        fields = {k: local[k] for k in ("inputs", "answer_pos", "answer", "start")}
-        out = jax.device_get(s.compiled["answers"](params, mesh_lib.global_batch(
-            fields, s.batch_sharding)))
-        total = out if total is None else jax.tree.map(np.add, total, out)
-    count = max(int(total["count"]), 1)
-    return {"eval_accuracy": float(total["right"]) / count,
-            "eval_shortcut": float(total["shortcut"]) / count}
-
-
 def _loops_for_step(config: Config, step: int) -> int:
     choices = config.train.loop_choices
     if not choices:
         return config.model.n_loops
     return int(np.random.default_rng([config.seed, step]).choice(choices))
-
-
-def _first_micro_act_grads(params, batch, *, model: LoopedLM, train, n_loops: int):
-    """The logged act_grad_norm: step.act_grad_norms on the step's first micro-batch, at the
-    parameters after the step (as grad_norm_loop is taken)."""
-    first = jax.tree.map(lambda x: x[0], micro_batches(batch, train.grad_accum))
-    return act_grad_norms(params, first, model=model, train=train, n_loops=n_loops)
 
 
 def _host_row(metrics: dict) -> dict:
@@ -299,8 +275,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
     stop = _Stop()
     previous_handler = signal.signal(signal.SIGTERM, stop)
     steps_fns = s.compiled.setdefault("train", {})
-    loop_grad_fns = s.compiled.setdefault("loop_grad", {})
-    act_grad_fns = s.compiled.setdefault("act_grad", {})
+    state_metrics = StateMetrics(config, s.model, s.compiled)
     if "eval" not in s.compiled:
         s.compiled["eval"] = jit_eval_step(s.model, t, config.model.n_loops,
                                            param_shardings=s.state_shardings.params,
@@ -312,7 +287,7 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
         """The eval loss per exit; for the permutation task also the answers' accuracy."""
         out = evaluate(eval_fn, params, eval_ds, s.batch_sharding)
         if answers:
-            out.update(_answer_accuracy(s, params, eval_ds))
+            out.update(state_metrics.answer_accuracy(params, eval_ds, s.batch_sharding))
         return out
     compile_time = 0.0
     tokens_per_step = t.batch_size * t.seq_len
@@ -404,30 +379,13 @@ def _loop(s: _Setup, run: RunDirectory, workdir: str, started: float, accounting
                     break
             pending = _Pending(step + 1, metrics, n_loops, lr_factor, time.time())
             after = step + 1
-            grads_per_loop = (t.loop_grad_every and after % t.loop_grad_every == 0
-                              and config.model.scan)
-            act_grads = t.log_act_grads and (after % t.log_every == 0 or after == t.steps)
             evaluates = t.eval_every and after % t.eval_every == 0 and after != t.steps
             saves = after != t.steps and (
                 (t.checkpoint_every and after % t.checkpoint_every == 0) or after in t.keep_steps)
-            if not (grads_per_loop or act_grads or evaluates or saves or after == t.steps
+            if not (state_metrics.due(after) or evaluates or saves or after == t.steps
                     or stop.requested):
                 continue
-            extra = {}
-            if grads_per_loop:
-                if n_loops not in loop_grad_fns:
-                    loop_grad_fns[n_loops] = jax.jit(functools.partial(
-                        loop_grad_norms, model=s.model, train=t, n_loops=n_loops))
-                extra["grad_norm_loop"] = np.asarray(
-                    loop_grad_fns[n_loops](state.params, batch)).tolist()
-            if act_grads:
-                if n_loops not in act_grad_fns:
-                    act_grad_fns[n_loops] = jax.jit(functools.partial(
-                        _first_micro_act_grads, model=s.model, train=t, n_loops=n_loops))
-                norms = np.asarray(act_grad_fns[n_loops](state.params, batch))
-                extra.update(act_grad_norm=norms[:, -1].tolist(),
-                             act_grad_norm_layer=norms.tolist())
-            reason = read(pending, extra)
+            reason = read(pending, state_metrics.measure(state.params, batch, n_loops, after))
             pending = None
             if reason:
                 status = RunStatus.DIVERGED
