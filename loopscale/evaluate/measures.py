@@ -52,7 +52,7 @@ from loopscale import data as data_lib
 from loopscale.config import Config
 from loopscale.data import permutation
 from loopscale.errors import UsageError
-from loopscale.evaluate import act_grads, held_out, lens, patching, probes
+from loopscale.evaluate import act_grads, held_out, ladder, lens, patching, probes
 from loopscale.evaluate import early_exit as exits
 from loopscale.evaluate.answers import accuracy_sums, accuracy_table
 from loopscale.evaluate.divergence import BELOW, jsd_step
@@ -233,9 +233,7 @@ def plot_routing(result: dict, title: str):
 
 def accuracy(run: Loaded) -> dict:
     c = run.config
-    if c.data.source.value != "permutation":
-        raise UsageError(f"--what=accuracy needs the permutation task; {c.name} trains on "
-                         f"data.source={c.data.source.value}")
+    ladder.require_permutation(c, "accuracy")
     sums = run.sums(functools.partial(accuracy_sums, hops_max=c.data.hops_max))
     return {"n_loops": c.model.n_loops, "shortcut_expected": permutation.shortcut_probability(
         c.data.n_nodes, c.data.hops_min, c.data.hops_max), **accuracy_table(sums)}

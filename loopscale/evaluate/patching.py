@@ -39,7 +39,7 @@ import numpy as np
 
 from loopscale.config.schema import TrainConfig
 from loopscale.data import permutation
-from loopscale.errors import UsageError
+from loopscale.evaluate import ladder
 from loopscale.model import LoopedLM, StreamEdit
 from loopscale.train.step import readout_fn
 
@@ -130,9 +130,7 @@ def table(sums: dict) -> dict:
 
 def patching(run: Loaded) -> dict:
     c = run.config
-    if c.data.source.value != "permutation":
-        raise UsageError(f"--what=patching needs the permutation task; {c.name} trains on "
-                         f"data.source={c.data.source.value}")
+    ladder.require_permutation(c, "patching")
     m, n = c.model, c.data.n_nodes
 
     def prepare(i, local):
