@@ -11,11 +11,12 @@ Inputs, made by:
 
 Writes DIR/report.md (default runs/flt_stability/analysis) and PNGs: training loss curves per
 injection mode and loop count, the gradient norm and its oscillation (standard deviation and
-coefficient of variation over windows of logged steps), the last loop's residual norm over the
+coefficient of variation over windows of logged steps, the cosine between consecutive
+gradients), the last loop's residual norm over the
 first steps, which runs collapsed (summary.json `collapsed`, by the rule it records),
 perplexity against the inference loop count (eval/loops.json) and activation-gradient norms per
 loop (eval/act_grads.json, else the logged `act_grad_norm`). What a run lacks is listed in the
-report, and what the trainer does not log is listed under "Not measured".
+report (a run without `train.log_grad_cosine` has no cosine column values, and is named).
 """
 
 from __future__ import annotations
@@ -27,15 +28,11 @@ import common
 import numpy as np
 
 from loopscale.config import Injection
-from loopscale.scaling.report import Bullets, Section, Table
+from loopscale.scaling.report import Section, Table
 
 ORDER = tuple(i.value for i in (Injection.NONE, Injection.INPUT, Injection.ATTN_FIRST,
                                 Injection.FLA, Injection.FLT))
 WINDOW = 50  # logged steps per window: the trainer's own grad_norm_std window
-NOT_MEASURED = (
-    ("Cosine between consecutive gradients: the trainer does not log it (metrics.jsonl has no "
-    "such key), so gradient oscillation is shown only as the spread of the gradient norm."),
-)
 
 
 def injection(run: common.Run) -> str:
@@ -142,7 +139,7 @@ def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Anal
     figures.append(fig)
 
     # --- gradient oscillation
-    grad_rows = []
+    grad_rows, no_cosine = [], []
     for r in runs:
         rows_ = [x for x in r.train_rows() if x["step"] <= args.first_steps]
         norms = np.array([x["grad_norm"] for x in rows_ if "grad_norm" in x], float)
@@ -150,10 +147,17 @@ def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Anal
         loop_rows = [x for x in r.train_rows() if "grad_norm_loop" in x]
         share = (loop_rows[-1]["grad_norm_loop"][0] / loop_rows[-1]["grad_norm_loop"][-1]
                  if loop_rows and loop_rows[-1]["grad_norm_loop"][-1] else None)
+        # grad_cosine is 0 on step 1 (no previous gradient): read from step 2.
+        cos = np.array([x["grad_cosine"] for x in rows_ if "grad_cosine" in x and x["step"] > 1],
+                       float)
+        if not len(cos):
+            no_cosine.append(named(r))
         grad_rows.append((injection(r), str(loops(r)), str(len(norms)), str(w), common.num(std),
                           common.num(cv), common.num(cv_max),
                           common.num(float(norms.max()) if len(norms) else None),
-                          common.num(share)))
+                          common.num(share),
+                          common.num(float(cos.mean()) if len(cos) else None),
+                          common.num(float((cos < 0).mean()) if len(cos) else None)))
     fig_g = common.Figure("grad_norm", "Gradient norm",
                           f"Global gradient L2 norm before clipping, first {args.first_steps} "
                           "steps.", common.png(panels(runs, curve("grad_norm", args.first_steps),
@@ -163,11 +167,16 @@ def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Anal
         (f"Over the logged steps up to step {args.first_steps}, cut into consecutive windows of "
         f"{WINDOW} logged steps (shorter runs: two windows of half their length): the gradient "
         "norm's standard deviation and coefficient of variation (std / mean) per window, their "
-        "mean over windows and the largest CV. Last column: the first loop's share of the "
-        "shared gradient over the last loop's (grad_norm_loop, last logged)."),
+        "mean over windows and the largest CV; the first loop's share of the shared gradient over "
+        "the last loop's (grad_norm_loop, last logged); the cosine between consecutive steps' raw "
+        "gradients (grad_cosine, logged with train.log_grad_cosine), its mean from step 2 and the "
+        "share of steps where it is negative (the gradient turning back on itself)."),
         Table(("injection", "loops", "logged steps", "window", "mean std", "mean CV", "max CV",
-               "max grad norm", "loop 1 / loop K grad"), tuple(grad_rows)),
-        common.image(fig_g))))
+               "max grad norm", "loop 1 / loop K grad", "mean cos", "cos < 0"),
+              tuple(grad_rows)),
+        common.image(fig_g),
+        *((common.missing(no_cosine, "no grad_cosine logged (train.log_grad_cosine off)"),)
+          if no_cosine else ()))))
 
     # --- residual norms
     res_rows = []
@@ -196,7 +205,6 @@ def analyse(all_runs: list[common.Run], args: argparse.Namespace) -> common.Anal
 
     sections.append(_loop_counts(runs, figures))
     sections.append(_act_grads(runs, figures))
-    sections.append(Section("Not measured", "not-measured", (Bullets(NOT_MEASURED),)))
     sections.insert(1, Section("Loss curves", "loss", (common.image(fig),)))
     return common.Analysis("FLT stability: " + args.workdir, tuple(sections), tuple(figures))
 

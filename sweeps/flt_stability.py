@@ -5,9 +5,11 @@
     loopscale collect runs/flt_stability --out=results.csv
 
 15 runs: injection none (the original LT), input, attn_first, fla and flt, each at 6, 9 and 12
-loops, one seed, same data order. Every run logs the study's diagnostics (gradient norm,
-per-loop residual norms, per-loop gradient norms every 25 steps) and records `collapsed` in
-summary.json. What it should show: the original LT stalling at the byte-unigram loss with a
+loops, one seed, same data order. Every run logs the study's diagnostics (gradient norm, the
+cosine between consecutive gradients, per-loop residual norms, per-loop gradient norms every 25
+steps), records `collapsed` in summary.json, and is measured as it completes (`loopscale eval
+--what=loops,act_grads`: perplexity at every inference loop count, activation-gradient norms
+per loop), the inputs of analysis/flt_stability.py. What it should show: the original LT stalling at the byte-unigram loss with a
 growing last-loop residual norm at 9 and 12 loops (collapsed: true), `input` and `attn_first`
 failing at high loop counts, `fla` damping the residual growth without always avoiding
 collapse, and `flt` training at every loop count.
@@ -33,11 +35,12 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
     s.families = {inj: {"experiment": f"experiments/flt.py:{size}",
                         "overrides": {"model": {"injection": inj}}} for inj in INJECTIONS}
     s.select = ",".join(INJECTIONS)
-    s.overrides = {"train": {"loop_grad_every": 25}}
+    s.overrides = {"train": {"loop_grad_every": 25, "log_grad_cosine": True}}
     s.grid = {"model": {"n_loops": (6, 9, 12)}}
     s.steps = 300 if size == "tiny" else 2000
     # The study's recipe has no warmup: the preset's 0 is kept (base_sweep's warmup_frac).
     s.evals, s.checkpoints = 6, 6
+    s.measure = "loops,act_grads"
     if size == "tiny":
         s.peak_flops, s.mfu = 1.9e11, 0.25
     return s

@@ -61,7 +61,7 @@ def flt_sweep(corpus, tmp_path_factory):
     """One 2-loop FLT run (act_grad_norm logged, `loopscale eval --what=loops` run) and one
     planned run not trained yet (its run.json only, as the runner leaves it before launching)."""
     sweep = tmp_path_factory.mktemp("flt") / "sweep"
-    cfg = trainkit.config("flt", *corpus, **TINY, **{"train.log_act_grads": True, "name": "flt"})
+    cfg = trainkit.config("flt", *corpus, **TINY, **{"train.log_act_grads": True, "train.log_grad_cosine": True, "name": "flt"})
     assert train(cfg, str(sweep / "runs" / "flt")) == 0
     assert loopscale(["eval", f"--workdir={sweep / 'runs' / 'flt'}", "--what=loops",
                       "--batches=1"]) == 0
@@ -91,10 +91,14 @@ def test_flt_report(flt_sweep):
     norms = np.array([r["grad_norm"] for r in trainkit.metric_rows(flt_sweep / "runs" / "flt")
                       if "grad_norm" in r])
     _, std, cv, _ = flt_stability.window_spread(norms, flt_stability.WINDOW)
-    grads = next(r for r in rows_of(report, "flt") if len(r) == 9)
+    grads = next(r for r in rows_of(report, "flt") if len(r) == 11)
     assert grads[4:6] == [common.num(std), common.num(cv)]
-    # The cosine of consecutive gradients is not logged: said so, not faked.
-    assert "## Not measured" in report and "Cosine between consecutive gradients" in report
+    # Consecutive gradients' cosine: its mean from step 2 and the share below zero.
+    cos = np.array([r["grad_cosine"] for r in trainkit.metric_rows(flt_sweep / "runs" / "flt")
+                    if "grad_cosine" in r and r["step"] > 1])
+    assert len(cos) >= 2 and np.all(np.abs(cos) <= 1 + 1e-6)
+    assert grads[9:11] == [common.num(float(cos.mean())), common.num(float((cos < 0).mean()))]
+    assert "no grad_cosine logged" not in report
     for png in (flt_sweep / "analysis").glob("*.png"):
         assert png.stat().st_size < 150_000
     assert {p.stem for p in (flt_sweep / "analysis").glob("*.png")} == {

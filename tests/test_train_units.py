@@ -684,3 +684,37 @@ def test_write_json_atomic_leaves_no_temporary_file(tmp_path):
     write_json(path, {"loss": float("inf"), "per_loop": np.arange(3)})
     assert json.loads(path.read_text()) == {"loss": "inf", "per_loop": [0, 1, 2]}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_grad_cosine_is_the_cosine_of_consecutive_raw_gradients(tiny):
+    """train.log_grad_cosine: `grad_cosine` = cos(g_t, g_{t-1}) of the raw (unclipped)
+    gradients, 0 on the first step, and the tracker leaves the update itself unchanged."""
+    runs = {}
+    for on in (False, True):
+        train = dataclasses.replace(tiny["train"], log_grad_cosine=on, grad_clip=0.05)
+        tx, lr_factor = build_optimizer(train, tiny["cfg"])
+        step = jax.jit(functools.partial(train_step, model=tiny["model"], tx=tx, train=train,
+                                         n_loops=tiny["cfg"].n_loops))
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=tiny["params"],
+                           opt_state=tx.init(tiny["params"]))
+        states, metrics = [state], []
+        for t in range(3):
+            state, m = step(state, tiny["batch"] if t != 1 else {
+                **tiny["batch"], "targets": tokens(B, T, seed=5)}, lr_factor(t))
+            states.append(state)
+            metrics.append(m)
+        runs[on] = states, metrics
+    (plain, plain_m), (tracked, tracked_m) = runs[False], runs[True]
+    tree_allclose(tracked[-1].params, plain[-1].params, rtol=1e-6, atol=0)
+    assert "grad_cosine" not in plain_m[0]
+    grads = [jax.tree.leaves(tiny["grads"])]
+    for t, params in ((1, plain[1].params), (2, plain[2].params)):
+        batch = tiny["batch"] if t != 1 else {**tiny["batch"], "targets": tokens(B, T, seed=5)}
+        _, _, g = gradients(params, batch, tiny["model"], tiny["train"], tiny["cfg"].n_loops)
+        grads.append(jax.tree.leaves(g))
+    flat = [np.concatenate([np.ravel(x) for x in g]).astype(np.float64) for g in grads]
+    assert float(tracked_m[0]["grad_cosine"]) == 0.0
+    for t in (1, 2):
+        expect = flat[t] @ flat[t - 1] / np.linalg.norm(flat[t]) / np.linalg.norm(flat[t - 1])
+        assert float(tracked_m[t]["grad_cosine"]) == pytest.approx(expect, abs=2e-5)
+    assert plain_m[1]["grad_norm"] > 0.05  # the clip was active: the cosine reads raw gradients

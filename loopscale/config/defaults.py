@@ -95,6 +95,7 @@ def base_config() -> ConfigDict:
             branch_step=0,
             loop_grad_every=0,
             log_act_grads=False,
+            log_grad_cosine=False,
             peak_flops=0.0,
         )
     )

@@ -264,6 +264,9 @@ class TrainConfig:
     # act_grad_norm per loop (and per layer) on every logged row: one more backward pass per
     # logged step, apart from the train step (train/step.act_grad_norms)
     log_act_grads: bool
+    # grad_cosine on every row: the cosine between consecutive steps' raw gradients (one more
+    # gradient-sized buffer in the optimiser state: optimizer.track_grad_cosine)
+    log_grad_cosine: bool
     peak_flops: float  # device peak for MFU (0: measure a matmul peak on this machine)
 
 

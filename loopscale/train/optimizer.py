@@ -17,8 +17,11 @@ compilation cache).
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers, muon
 
@@ -170,6 +173,30 @@ def muon_recipe(train: TrainConfig, cfg: ModelConfig) -> optax.GradientTransform
     }, role_labels)
 
 
+class GradCosineState(NamedTuple):
+    previous: Any  # the last step's raw gradient (zeros before the first step)
+    grad_cosine: jax.Array  # cosine between this step's raw gradient and the previous one
+
+
+def track_grad_cosine() -> optax.GradientTransformation:
+    """Passes the gradient through unchanged and records its cosine with the previous step's
+    (the FLT study's oscillation diagnostic: consecutive gradients pointing against each other
+    give a negative cosine). It keeps one gradient-sized buffer in the optimiser state, so it is
+    only in the chain when `train.log_grad_cosine`; the train step reads `grad_cosine` from the
+    state by name. 0 on the first step (no previous gradient)."""
+    def init(params):
+        return GradCosineState(optax.tree.zeros_like(params), jnp.zeros((), jnp.float32))
+
+    def update(updates, state, params=None):
+        del params
+        norms = optax.tree.norm(updates) * optax.tree.norm(state.previous)
+        dot = optax.tree.vdot(updates, state.previous)
+        cosine = jnp.where(norms > 0, dot / jnp.where(norms > 0, norms, 1.0), 0.0)
+        return updates, GradCosineState(updates, cosine.astype(jnp.float32))
+
+    return optax.GradientTransformation(init, update)
+
+
 def build_optimizer(train: TrainConfig, cfg: ModelConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The full optimiser of a run at its peak LR (clipping first, on the raw gradient) and the
     schedule's multiplier, step -> lr_t / peak, to pass to `scheduled_update`."""
@@ -178,7 +205,8 @@ def build_optimizer(train: TrainConfig, cfg: ModelConfig) -> tuple[optax.Gradien
     else:
         body = adamw_with_mup(train, cfg)
     clip = optax.clip_by_global_norm(train.grad_clip) if train.grad_clip else optax.identity()
-    return optax.chain(clip, body), learning_rate(train, peak=1.0)
+    parts = (track_grad_cosine(),) if train.log_grad_cosine else ()
+    return optax.chain(*parts, clip, body), learning_rate(train, peak=1.0)
 
 
 def scheduled_update(tx: optax.GradientTransformation, grads, opt_state, params,

@@ -160,6 +160,8 @@ def train_step(state: TrainState, batch, lr_factor: jax.Array, *, model: LoopedL
         "grad_norm_head": jnp.sqrt(_sq_norm(grads["unembed"])),
         **aux,
     }
+    if train.log_grad_cosine:  # recorded by optimizer.track_grad_cosine on the raw gradient
+        metrics["grad_cosine"] = optax.tree.get(opt_state, "grad_cosine")
     if "layers" in layer_grads:  # scanned: one norm per unique layer (the FLT "per block")
         metrics["grad_norm_block"] = jnp.sqrt(sum(
             jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim))) for g in jax.tree.leaves(layer_grads)))
