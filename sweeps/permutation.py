@@ -11,7 +11,9 @@ it should show: looped 4x8 solving the task with every seed at every learning ra
 32 failing at 1e-3 and succeeding only at a lower learning rate or with intermediate
 supervision. Each run logs its held-out answer accuracy beside the shortcut accuracy
 (answering the start node) at every evaluation (`eval_accuracy`, `eval_shortcut`; collect's
-`final_eval_accuracy`); `loopscale eval --what=accuracy` breaks it down per hop and loop exit.
+`final_eval_accuracy`); each completed run is then measured (`loopscale eval
+--what=accuracy,lens,probes,patching`: accuracy per hop and loop exit, the logit-lens and probe
+ladder, the patching maps).
 
 Intermediate supervision reads out at the looped model's loop boundaries, and at every 4th
 layer boundary of `unshared_32` (the same depths; data/permutation.py `layer_labels`).
@@ -39,6 +41,9 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
     s.shape.params = "params_unique"
     s.grid = {"train": {"intermediate_supervision": (False, True)}}
     s.warmup_frac = 0.01
+    # Every run is measured as it completes: per-hop accuracy, the lens/probe ladder and the
+    # patching maps (the inputs of analysis/permutation.py).
+    s.measure = "accuracy,lens,probes,patching"
     if paper:
         s.seeds, s.lrs = (0, 1, 2), (1e-3, 3e-4, 1e-4)
         s.steps, s.evals, s.checkpoints = 20000, 20, 20
