@@ -7,22 +7,6 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# One persistent compilation cache for the whole run: many tests compile the same tiny
-# programs (the same model and step in different files, and in the `loopscale` processes they
-# start, which inherit the variable), and a hit loads in milliseconds what XLA takes seconds to
-# compile. Measured on three of the eval/analysis files: 19% less CPU time. Made by the first
-# process (the xdist controller, before it starts the workers, which inherit it) and removed by
-# it at the end; a cache the caller set is used as it is. JAX keys entries on the program, the
-# devices and the compile options, so a hit is the same executable.
-_OWN_CACHE = None
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    import tempfile
-
-    _OWN_CACHE = tempfile.mkdtemp(prefix="loopscale-tests-jax-cache-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # tiny CPU programs too
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-
 from loopscale.aot.topology import quiet_libtpu  # noqa: E402
 
 quiet_libtpu()  # libtpu is installed for the TPU compile tests; keep its start-up quiet
@@ -47,10 +31,3 @@ def pytest_collection_modifyitems(session, config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's own order is kept
-
-
-def pytest_unconfigure(config):
-    if _OWN_CACHE is not None:
-        import shutil
-
-        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
