@@ -4,11 +4,12 @@ Inputs, made by:
 
     loopscale sweep --sweep=sweeps/isoflop_cpu.py --workdir=runs/isoflop_cpu --concurrency=2
     for r in runs/isoflop_cpu/runs/*/; do loopscale eval --workdir=$r --what=early_exit,jsd; done
-    for r in runs/isoflop_cpu/runs/*/; do loopscale eval --workdir=$r --what=routing; done  # MoE runs
+    for r in runs/isoflop_cpu/runs/*/; do loopscale eval --workdir=$r --what=routing; done  # Looped-MoE
     .venv/bin/python analysis/frontiers.py --workdir=runs/isoflop_cpu --params-column=params_active
 
 (`sweeps/isoflop_paper.py` is the study's grid; `s.measure = "early_exit,jsd"` in a sweep file
-measures each run as it completes; `routing` refuses a dense run, exit 2.)
+measures each run as it completes; `routing` refuses a dense run and one without loops,
+exit 2.)
 
 Writes DIR/report.md (default WORKDIR/analysis), fit.json and PNGs: the four families' IsoFLOP
 curves, compute frontiers and L_opt against N_opt with exponents and bootstrap intervals (the fit
@@ -119,7 +120,9 @@ def params_section(runs: list[common.Run]) -> Section:
 
 
 def routing_section(runs: list[common.Run], figures: list) -> Section:
-    moe = [r for r in runs if r.config is not None and r.config.model.ffn is FFNKind.MOE]
+    # Routing is compared across loop passes: only looped MoE runs have any.
+    moe = [r for r in runs if r.config is not None and r.config.model.ffn is FFNKind.MOE
+           and r.config.model.n_loops > 1]
     have = [(r, r.eval("routing")) for r in moe]
     blocks: list = [("Per physical layer, a token's top-k experts on consecutive loop passes: "
                     "shares identical / partly shared / disjoint (eval/routing.json), mean over "
@@ -152,7 +155,7 @@ def routing_section(runs: list[common.Run], figures: list) -> Section:
         figures.append(figure)
         blocks.append(common.image(figure))
     elif not moe:
-        blocks.append("No MoE run in the sweep.")
+        blocks.append("No looped MoE run in the sweep.")
     gap = common.missing([r for r, x in have if x is None], "no eval/routing.json")
     if gap:
         blocks.append(gap)

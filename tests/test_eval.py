@@ -268,6 +268,15 @@ def test_routing_across_loop_passes(tmp_path, capsys):
     for key in ("identical", "disjoint"):
         assert got[f"{key}_mean"] == pytest.approx(
             float(np.mean([r[f"route_{key}"] for r in ref])), abs=1e-6)
+    # A model without loops has no pair of passes to compare: refused (the same weights, read
+    # as a one-loop model), not reported as shares of zero pairs.
+    one_loop = tmp_path / "one_loop"
+    shutil.copytree(run, one_loop, ignore=shutil.ignore_patterns("eval"))
+    written = json.loads((one_loop / "config.json").read_text())
+    written["model"]["n_loops"] = 1
+    (one_loop / "config.json").write_text(json.dumps(written))
+    assert main(["eval", f"--workdir={one_loop}", "--what=routing"]) == 2
+    assert "model.n_loops=1" in capsys.readouterr().err and not (one_loop / "eval").exists()
     # A dense model has no routing to measure: one line, exit 2, nothing written.
     dense = tmp_path / "dense"
     shutil.copytree(FIXTURE, dense)

@@ -196,11 +196,15 @@ def early_exit(run: Loaded) -> dict:
 
 
 def routing(run: Loaded) -> dict:
-    """Per physical layer; one pass (no loops) has no consecutive passes to compare."""
+    """Per physical layer, consecutive loop passes compared (a model without loops has no pair
+    to compare: refused, rather than reporting shares of zero pairs)."""
     m = run.config.model
     if m.ffn.value != "moe":
         raise UsageError(f"--what=routing needs an MoE model; {run.config.name} has "
                          f"model.ffn={m.ffn.value}")
+    if m.n_loops < 2:
+        raise UsageError(f"--what=routing compares a token's experts across loop passes; "
+                         f"{run.config.name} has model.n_loops={m.n_loops}")
     s = run.sums(routing_step)
     pairs = np.maximum(np.asarray(s["pairs"]), 1.0)
     identical, disjoint = np.asarray(s["identical"]) / pairs, np.asarray(s["disjoint"]) / pairs
