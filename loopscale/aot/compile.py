@@ -258,14 +258,26 @@ def local_target(peak_flops: float = 0.0) -> Target:
                   peak_flops or None)
 
 
+def model_flops(config: Config, step: str = "train") -> float:
+    """Model FLOPs of one step: 6N per token for training (forward 2N + backward 4N), 2N for a
+    forward-only evaluation; attention matmuls counted in full, recomputation not at all."""
+    t = config.train
+    per_token = flops_lib.flops_per_token(config.model, t.seq_len, FlopConvention.ATTENTION)
+    return per_token * t.batch_size * t.seq_len * (1.0 if step == "train" else 1 / 3)
+
+
+def est_mfu(config: Config, target: Target, seconds: float | None, step: str = "train"
+            ) -> float | None:
+    """Model FLOPs per chip per second over the chip's peak, at XLA's estimated step time."""
+    if not seconds or not target.peak_flops:
+        return None
+    return model_flops(config, step) / len(target.devices) / seconds / target.peak_flops
+
+
 def report(config: Config, target: Target, step: str = "train", cost: bool = True) -> dict:
     """Everything `loopscale compile` prints (commands/compile.py documents the keys)."""
     t = config.train
     compiled = compile_step(config, target.devices, step)
-    per_token = flops_lib.flops_per_token(config.model, t.seq_len, FlopConvention.ATTENTION)
-    # Model FLOPs of the step: 6N per token for training (forward 2N + backward 4N), 2N for
-    # a forward-only evaluation; attention matmuls counted in full, recomputation not at all.
-    model_flops = per_token * t.batch_size * t.seq_len * (1.0 if step == "train" else 1 / 3)
     mem = compiled["memory_per_chip"]
     hbm = target.hbm_bytes
     out = {
@@ -283,7 +295,7 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
         "memory_per_chip": mem,
         "hbm_fraction": mem["total"] / hbm if hbm else None,
         "fits": mem["total"] <= hbm if hbm else None,
-        "model_flops_per_step": model_flops,
+        "model_flops_per_step": model_flops(config, step),
         "xla_flops_per_chip": None,
         "est_step_time_s": None,
         "est_mfu": None,
@@ -293,7 +305,5 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
     }
     if cost and out["fits"] is not False:
         out.update(step_cost(config, target.devices, step))
-        seconds = out["est_step_time_s"]
-        if seconds and target.peak_flops:
-            out["est_mfu"] = model_flops / len(target.devices) / seconds / target.peak_flops
+        out["est_mfu"] = est_mfu(config, target, out["est_step_time_s"], step)
     return out

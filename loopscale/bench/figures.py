@@ -12,10 +12,11 @@ import os
 import tempfile
 from collections.abc import Callable
 
-from loopscale.bench import lean, steps, sweep_share, timing, torch_ref
-from loopscale.bench.result import SKIPPED, Figure, Target, measured, not_measured
+from loopscale.bench import fit_time, lean, steps, sweep_share, timing, torch_ref
+from loopscale.bench.result import SKIPPED, Figure, Target, measured, not_measured, reported
 from loopscale.bench.scale import Scale
 from loopscale.bench.timing import Timing
+from loopscale.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -216,6 +217,58 @@ def jax_vs_torch(ctx: Context, key: str, title: str, target: Target) -> Figure:
                     {**_times(t, jax=jax_step.compile_s), "ratio_of_fastest": fastest})
 
 
+def fit_seconds(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    s = ctx.scale
+    path = fit_time.chinchilla_csv()
+    if path is None:
+        return not_measured(key, title, target, SKIPPED,
+                            f"skipped: no {fit_time.CSV_NAME} (../shared/data beside the "
+                            "checkout, or $CHINCHILLA_CSV)")
+    got = fit_time.time_fit(path, s.fit_grid, s.fit_bootstrap)
+    fit, ci = got["fit"], got["interval_95"]
+    note = (f"loopscale.scaling.parametric on the Chinchilla table ({got['runs']} runs, the five "
+            f"highest losses dropped): {got['starts']} starts ({s.fit_grid} grid, "
+            f"{got['converged']} converged) {got['grid_wall_s']:.1f} s, then {s.fit_bootstrap} "
+            f"bootstrap refits {got['bootstrap_wall_s']:.1f} s, wall time; alpha "
+            f"{fit['alpha']:.4f}, beta {fit['beta']:.4f}, E {fit['E']:.4f}"
+            + (f" (95% alpha {ci['alpha'][0]:.3f}-{ci['alpha'][1]:.3f})" if ci.get("alpha") else ""))
+    return measured(key, title, target, got["total_wall_s"], note, got)
+
+
+def _paper_mfu(family: str, ctx: Context, key: str, title: str, target: Target) -> Figure:
+    from loopscale.aot import compile as aot
+
+    s = ctx.scale
+    try:
+        tpu = aot.tpu_target(s.mfu_topology)
+    except UsageError as e:  # no TPU compiler here: libtpu is the `tpu` extra
+        return not_measured(key, title, target, SKIPPED, f"skipped: {e}", percent=True)
+    config = steps.load(f"{family}.py:{s.mfu_preset}")
+    cost = aot.step_cost(config, tpu.devices)
+    mfu = aot.est_mfu(config, tpu, cost["est_step_time_s"])
+    if mfu is None:
+        return not_measured(key, title, target, SKIPPED,
+                            f"skipped: XLA gives no step time ({cost['cost_warning']})", percent=True)
+    m = config.model
+    note = (f"`loopscale compile --config=experiments/{family}.py:{s.mfu_preset} "
+            f"--topology={s.mfu_topology}`'s est_mfu: model FLOPs (6N per token, attention in "
+            f"full) / chips / XLA's estimated step time {cost['est_step_time_s']:.3g} s / peak; "
+            f"d_model {m.d_model}, {m.n_unique} layers x {m.n_loops} loops, batch "
+            f"{config.train.batch_size} x {config.train.seq_len}, {m.dtype.value}; XLA's cost "
+            "model is optimistic (no input pipeline, ideal overlap)")
+    return measured(key, title, target, mfu, note,
+                    {**cost, "model_flops_per_step": aot.model_flops(config),
+                     "chips": len(tpu.devices)}, percent=True)
+
+
+def mfu_base(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    return _paper_mfu("base", ctx, key, title, target)
+
+
+def mfu_looped(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    return _paper_mfu("looped", ctx, key, title, target)
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     key: str
@@ -223,6 +276,13 @@ class Spec:
     target: Target
     measure: Callable[[Context, str, str, Target], Figure]
     percent: bool = False
+    unit: str = ""
+
+
+def _grid(name: str):
+    from loopscale.scaling.parametric import grid_starts
+
+    return grid_starts(name)
 
 
 def at_most(value: float, text: str | None = None) -> Target:
@@ -258,4 +318,12 @@ FIGURES = (
     Spec("jax_vs_torch",
          lambda s: "looped JAX step / FLT authors' PyTorch eager step of the same model",
          at_most(1.5, "reported; stretch <= 1.5"), jax_vs_torch),
+    Spec("fit_seconds",
+         lambda s: f"approach-3 fit, {len(_grid(s.fit_grid))} starts + {s.fit_bootstrap:,} "
+                   "bootstraps, Chinchilla table (seconds)",
+         reported(), fit_seconds, unit=" s"),
+    Spec("mfu_base", lambda s: f"estimated MFU, Base {s.mfu_preset} run on {s.mfu_topology}",
+         reported(), mfu_base, percent=True),
+    Spec("mfu_looped", lambda s: f"estimated MFU, Looped {s.mfu_preset} run on {s.mfu_topology}",
+         reported(), mfu_looped, percent=True),
 )

@@ -8,7 +8,7 @@ import json
 import os
 import platform
 
-from loopscale.bench.result import Figure
+from loopscale.bench.result import MEASURED, Figure
 from loopscale.files import to_json, write_atomic
 
 JSON_NAME, MD_NAME = "results.json", "results.md"
@@ -34,12 +34,12 @@ def load_average() -> float | None:
 def _value(fig: Figure) -> str:
     if fig.ratio is None:
         return "-"
-    return f"{100 * fig.ratio:.0f}%" if fig.percent else f"{fig.ratio:.3g}"
+    return f"{100 * fig.ratio:.0f}%" if fig.percent else f"{fig.ratio:.3g}{fig.unit}"
 
 
 def _verdict(fig: Figure) -> str:
     if fig.passed is None:
-        return fig.status
+        return "-" if fig.status == MEASURED else fig.status
     return "pass" if fig.passed else "fail"
 
 

@@ -15,16 +15,21 @@ import operator
 # status values
 MEASURED, SKIPPED, ERROR = "measured", "skipped", "error"
 _OPS = {"<=": operator.le, ">=": operator.ge}
+REPORTED = "reported"  # a figure with no target: measured and shown, no verdict
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    op: str  # "<=" or ">="
-    value: float
+    op: str  # "<=", ">=" or "reported" (no verdict)
+    value: float | None
     text: str  # as the table prints it, e.g. "<= 1.05", ">= 70%", "reported; stretch <= 1.5"
 
-    def met(self, ratio: float) -> bool:
-        return _OPS[self.op](ratio, self.value)
+    def met(self, ratio: float) -> bool | None:
+        return None if self.op == REPORTED else _OPS[self.op](ratio, self.value)
+
+
+def reported(text: str = REPORTED) -> Target:
+    return Target(REPORTED, None, text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Figure:
     note: str = ""  # how it was measured (or why it was not)
     measured: dict = dataclasses.field(default_factory=dict)  # absolute times, bytes, ...
     percent: bool = False  # print the ratio as a percentage
+    unit: str = ""  # printed after the value, e.g. " s" for a figure in seconds
 
     @property
     def passed(self) -> bool | None:
@@ -49,7 +55,7 @@ class Figure:
                 "target": {"op": self.target.op, "value": self.target.value,
                            "text": self.target.text},
                 "passed": self.passed, "status": self.status, "note": self.note,
-                "measured": self.measured}
+                "unit": self.unit.strip() or None, "measured": self.measured}
 
 
 def measured(key: str, title: str, target: Target, ratio: float, note: str, measured: dict,

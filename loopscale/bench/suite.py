@@ -41,7 +41,7 @@ def run(scale: Scale, out_dir: str, only: Sequence[str] = (), stream=sys.stderr)
         except Exception as e:  # one figure's failure is that figure's row, not the bench's
             log.debug("figure %s failed", spec.key, exc_info=e)  # shown by --verbose
             fig = not_measured(spec.key, title, spec.target, ERROR, f"error: {_one_line(e)}")
-        fig = dataclasses.replace(fig, percent=spec.percent)
+        fig = dataclasses.replace(fig, percent=spec.percent, unit=spec.unit)
         fig.measured["figure_wall_s"] = time.perf_counter() - t0
         done.append(fig)
         meta["elapsed_s"] = time.perf_counter() - started

@@ -16,7 +16,7 @@ Speed (this is what keeps 4,500 starts plus 1,000 bootstrap refits near a minute
   300 grid starts took 16.7 s with OpenBLAS's 2 threads, 0.7-2.4 s with 1);
 - bootstrap refits (`bootstrap_parametric`) start from `ParametricFit.warm_starts`, the
   full-data optimum and the next few distinct local optima the grid found, instead of the
-  whole grid, and run to convergence (_TIGHT); benchmarks/bench_fit.py times it all.
+  whole grid, and run to convergence (_TIGHT); `loopscale bench --only=fit_seconds` times it all.
 
 The compute-optimal allocation under C = 6 N D (d/dN of L at fixed C set to zero):
   N_opt = G (C/6)^a,  D_opt = (C/6)^b / G,  G = (alpha A / (beta B))^(1/(alpha+beta)),

@@ -79,8 +79,9 @@ def _shared(config: Config, mesh: jax.sharding.Mesh, build) -> tuple:
     per process: a warm sweep worker (sweep/worker.py) trains run after run, and runs of one
     shape at other budgets, schedules or branch points then reuse the model, the optimiser
     and every compiled function instead of tracing and compiling them again. The last
-    _MAX_SHAPES shapes are kept."""
-    key = (config.step_shape, tuple(d.id for d in mesh.devices.flat), tuple(mesh.shape.items()))
+    _MAX_SHAPES shapes are kept. Keyed by the device objects, not their ids: two TPU
+    topologies compiled for in one process number their devices alike."""
+    key = (config.step_shape, tuple(mesh.devices.flat), tuple(mesh.shape.items()))
     if key not in _SHARED:
         _SHARED[key] = (*build(), {})
         while len(_SHARED) > _MAX_SHAPES:
