@@ -233,15 +233,16 @@ def tiny():
     train = train_config(grad_accum=1)
     grad_fn = jax.jit(functools.partial(gradients, model=model, train=train, n_loops=cfg.n_loops))
     loss, aux, grads = grad_fn(params, batch)
+    # The same gradients in two micro-batches, compiled (on first use) once for both tests
+    # that read them: each jax.jit of a new partial traces and compiles again.
+    accum2_fn = jax.jit(functools.partial(gradients, model=model, n_loops=cfg.n_loops,
+                                          train=dataclasses.replace(train, grad_accum=2)))
     return dict(cfg=cfg, model=model, params=params, batch=batch, train=train, loss=loss, aux=aux,
-                grads=grads)
+                grads=grads, grad_fn=grad_fn, accum2_fn=accum2_fn)
 
 
 def test_grad_accumulation_matches_one_batch(tiny):
-    train2 = dataclasses.replace(tiny["train"], grad_accum=2)
-    fn = jax.jit(functools.partial(gradients, model=tiny["model"], train=train2,
-                                   n_loops=tiny["cfg"].n_loops))
-    loss, aux, grads = fn(tiny["params"], tiny["batch"])
+    loss, aux, grads = tiny["accum2_fn"](tiny["params"], tiny["batch"])
     assert float(loss) == pytest.approx(float(tiny["loss"]), rel=1e-6)
     tree_allclose(grads, tiny["grads"], rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(aux["residual_norm"], tiny["aux"]["residual_norm"], rtol=1e-5)
@@ -255,9 +256,8 @@ def test_grad_accumulation_weights_micro_batches_by_their_tokens(tiny):
     mask[1, 1:] = False
     mask[3, 2:] = False
     batch = {**tiny["batch"], "mask": jnp.asarray(mask)}
-    fns = {k: jax.jit(functools.partial(gradients, model=tiny["model"], n_loops=tiny["cfg"].n_loops,
-                                        train=dataclasses.replace(tiny["train"], grad_accum=k)))
-           for k in (1, 2)}
+    assert tiny["train"].grad_accum == 1  # so grad_fn is the one-batch gradient
+    fns = {1: tiny["grad_fn"], 2: tiny["accum2_fn"]}
     (loss1, _, grads1), (loss2, _, grads2) = (fns[k](tiny["params"], batch) for k in (1, 2))
     assert float(loss2) == pytest.approx(float(loss1), rel=1e-6)
     tree_allclose(grads2, grads1, rtol=1e-4, atol=1e-7)
@@ -710,7 +710,9 @@ def test_grad_cosine_is_the_cosine_of_consecutive_raw_gradients(tiny):
     grads = [jax.tree.leaves(tiny["grads"])]
     for t, params in ((1, plain[1].params), (2, plain[2].params)):
         batch = tiny["batch"] if t != 1 else {**tiny["batch"], "targets": tokens(B, T, seed=5)}
-        _, _, g = gradients(params, batch, tiny["model"], tiny["train"], tiny["cfg"].n_loops)
+        # The fixture's compiled gradients (the same function, model and train config); run
+        # eagerly, op by op, this 2 x 3 model's backward pass took most of the test's ~35 s.
+        _, _, g = tiny["grad_fn"](params, batch)
         grads.append(jax.tree.leaves(g))
     flat = [np.concatenate([np.ravel(x) for x in g]).astype(np.float64) for g in grads]
     assert float(tracked_m[0]["grad_cosine"]) == 0.0
