@@ -99,7 +99,10 @@ def test_indivisible_mesh_is_a_usage_error(corpus, tmp_path):
 
 
 def test_mismatched_workdir_is_refused_untouched(corpus, tmp_path):
-    cfg = trainkit.config("base", *corpus, **{"train.steps": 2, "train.eval_every": 0})
+    # At test_loss_decreases_on_text's lr: the same step shape (Config.step_shape), so this run
+    # reuses that test's compiled steps (trainer._shared) instead of compiling its own.
+    cfg = trainkit.config("base", *corpus, **{"train.steps": 2, "train.eval_every": 0,
+                                              "train.lr": 1e-2})
     run = tmp_path / "run"
     assert train(cfg, str(run)) == 0
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
