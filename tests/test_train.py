@@ -35,8 +35,17 @@ def summary(workdir):
         return json.load(f)
 
 
+# Two heads, to split over tensor=2; and the meshes the sharded runs below are compared on.
+TWO_HEADS = {"model.n_heads": 2, "model.head_dim": 32}
+LOOPED_MESH = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
+LOOPED_MOE_MESH = {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 2, "mesh.expert": 2}
+
+
 def test_run_directory_is_complete(corpus, tmp_path):
-    cfg = trainkit.config("looped_moe", *corpus)
+    # On test_sharded_losses_match_one_device's Looped-MoE model and mesh (data, tensor and
+    # expert axes): the same step shape, so that test's sharded run reuses these compiled steps
+    # (trainer._shared; steps, eval and checkpoint cadence are host-side).
+    cfg = trainkit.config("looped_moe", *corpus, **TWO_HEADS, **LOOPED_MOE_MESH)
     assert train(cfg, str(tmp_path / "run")) == 0
     run = tmp_path / "run"
     logged = rows(run)
@@ -75,13 +84,10 @@ def test_loss_decreases_on_text(corpus, tmp_path):
     assert np.mean([losses[s] for s in range(26, 31)]) < losses[1] - 1.0
 
 
-@pytest.mark.parametrize("experiment,mesh", [
-    ("looped", {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}),
-    ("looped_moe", {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 2, "mesh.expert": 2}),
-])
+@pytest.mark.parametrize("experiment,mesh", [("looped", LOOPED_MESH),
+                                             ("looped_moe", LOOPED_MOE_MESH)])
 def test_sharded_losses_match_one_device(corpus, tmp_path, experiment, mesh):
-    fields = {"train.steps": 5, "train.eval_every": 0, "train.checkpoint_every": 0,
-              "model.n_heads": 2, "model.head_dim": 32}  # two heads, to split over tensor=2
+    fields = {"train.steps": 5, "train.eval_every": 0, "train.checkpoint_every": 0, **TWO_HEADS}
     one = trainkit.config(experiment, *corpus, **fields)
     eight = trainkit.config(experiment, *corpus, **fields, **mesh)
     assert train(one, str(tmp_path / "one"), devices=jax.devices()[:1]) == 0
