@@ -20,8 +20,8 @@ jax.config.update("jax_platforms", "cpu")
 # (test_weak_scaling.py, minutes of TPU compiles) came last, and one worker then ran it alone
 # while the other idled. Starting with the longest balances the two.
 LONGEST_FIRST = ("test_weak_scaling.py", "test_compile.py", "test_coordcheck.py",
-                 "test_train.py", "test_bench.py", "test_eval.py", "test_train_units.py",
-                 "test_analysis.py", "test_eval_patching.py", "test_branches.py",
+                 "test_train.py", "test_bench.py", "test_eval.py", "test_analysis.py",
+                 "test_train_units.py", "test_eval_patching.py", "test_branches.py",
                  "test_sweep_train.py", "test_faults.py")
 
 
