@@ -2,6 +2,7 @@
 counts independent of mode and loop count, logical axes on every parameter."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -47,6 +48,48 @@ def test_scan_and_python_loops_agree(params_by_mode, mode):
                  (scanned.layer_hidden, looped.layer_hidden),
                  (scanned.residual_norm, looped.residual_norm)]:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def loops_unscanned(cfg):
+    return dataclasses.replace(cfg, scan_loops=False)
+
+
+# Modes whose switches read the loop index, a Python int in one model and traced in the
+# other: where a loop starts (input), the first layer of a loop only (attn_first).
+@pytest.mark.parametrize("mode", ["input", "attn_first"])
+def test_loops_in_python_around_the_layer_scan_compute_the_nested_scans(params_by_mode, mode):
+    """scan_loops=False (a Python loop over loops, layers still scanned) takes the nested-scan
+    model's params as they are and gives its outputs, every collected stream, under an edit
+    of the stream, and the gradient of a loss alike."""
+    cfg, params = params_by_mode
+    cfg = dataclasses.replace(cfg, injection=Injection(mode), embed_norm=True)
+    nested, python = (LoopedLM(c, collect_layers=True) for c in (cfg, loops_unscanned(cfg)))
+    assert nested.scans_loops and not python.scans_loops
+    shapes = jax.eval_shape(lambda: init_params(loops_unscanned(cfg), TOKENS))
+    assert jax.tree.map(jnp.shape, shapes) == jax.tree.map(jnp.shape, params)
+
+    @functools.partial(jax.jit, static_argnums=(0, 2))
+    def run(model, p, n_loops, edit):
+        out = model.apply({"params": p}, TOKENS, n_loops=n_loops, edit=edit)
+        grad = jax.grad(lambda q: jnp.mean(jnp.square(
+            model.apply({"params": q}, TOKENS, n_loops=n_loops, edit=edit).logits)))(p)
+        return out, grad
+
+    edit = _random_edit(cfg)
+    (a, ga), (b, gb) = (run(m, params, cfg.n_loops, edit) for m in (nested, python))
+    for x, y in [(a.logits, b.logits), (a.loop_hidden, b.loop_hidden),
+                 (a.layer_hidden, b.layer_hidden), (a.residual_norm, b.residual_norm),
+                 (a.residual_rms, b.residual_rms), *zip(jax.tree.leaves(ga), jax.tree.leaves(gb))]:
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-4)
+
+
+def test_one_loop_never_scans_its_loops():
+    """A model built for one loop (Base, MoE) calls the layer scan directly; more loops at apply
+    time then run as a Python loop. With scan_loops the per-loop-params model still scans."""
+    one = tiny_model_config(n_loops=1)
+    assert not LoopedLM(one).scans_loops and LoopedLM(tiny_model_config()).scans_loops
+    assert LoopedLM(loops_unscanned(tiny_model_config()), per_loop_params=True).scans_loops
+    assert not LoopedLM(unrolled(tiny_model_config())).scans_loops
 
 
 def test_layer_param_layouts_round_trip(params_by_mode):

@@ -50,6 +50,7 @@ def base_config() -> ConfigDict:
             emb_mult=1.0,
             remat="none",
             scan=True,
+            scan_loops=True,
             dtype="float32",
             count_router=True,
         )

@@ -184,6 +184,10 @@ class ModelConfig:
     emb_mult: float
     remat: Remat
     scan: bool  # nested scans (True) or plain Python loops (False); same params either way
+    # With scan: the loops as an nn.scan around the layer scan (True: compile time flat in the
+    # loop count) or a Python loop around it (False: no second level of stacked residuals,
+    # which XLA:CPU pays for in copies; same params and outputs). One loop is never scanned.
+    scan_loops: bool
     dtype: DType  # activation dtype; parameters and softmaxes stay float32
     # Accounting only (flops.py): whether params_active and the 6N FLOPs count the MoE routers'
     # weights. The sparse-layers study does not (its paper presets: false); the model has them.

@@ -4,7 +4,11 @@ Depth is two nested scans: the inner one over the unique layers (params stacked 
 the outer one over loops with params broadcast, so the parameter count does not depend on the
 number of loops and the loop count can be changed at apply time (`n_loops=`), e.g. to evaluate
 trained weights at more or fewer loops. `cfg.scan=False` runs the same computation as Python
-loops (params named per layer; convert with params.py).
+loops (params named per layer; convert with params.py). `cfg.scan_loops=False` keeps the layer
+scan but calls it from a Python loop over loops (same params): the nested scan stacks every
+layer's backward residuals twice, once per loop in the inner scan and again across loops in
+the outer one, and XLA:CPU copies between the two (measured by `loopscale bench`, README);
+a model built for one loop never scans its loops, which would only add that copy.
 
 The residual-stream hook: `edit=StreamEdit(keep_KxLxBxT, add_KxLxBxTxD)` sets x <- x * keep + add
 after layer l of loop t (block.py), K the loops of this call and L = n_unique; the edit of the
@@ -50,21 +54,31 @@ class LoopedLM(nn.Module):
     collect_layers: bool = False
     per_loop_params: bool = False
 
+    @property
+    def scans_loops(self) -> bool:
+        """Whether the loops are an nn.scan (module docstring). The per-loop-params model
+        always scans them: its params carry a leading loop axis."""
+        cfg = self.cfg
+        return cfg.scan and (self.per_loop_params or (cfg.scan_loops and cfg.n_loops > 1))
+
     def setup(self):
         cfg = self.cfg
         V, D = cfg.vocab_size, cfg.d_model
         self.embedding = weight(self, "embedding", (V, D), ("vocab", "embed"), cfg)
         self.unembed = weight(self, "unembed", (D, V), ("embed", "vocab"), cfg, zero=cfg.zero_init_readout)
         self.final_norm = RMSNorm(cfg)
-        loop_cls = nn.remat(Loop, prevent_cse=not cfg.scan) if cfg.remat is Remat.LOOP else Loop
-        if cfg.scan and self.per_loop_params:
+        # Inside a scan the remat needs no CSE barrier (the loop body is one); in Python loops
+        # it does, or XLA merges the recomputation back into the forward pass.
+        scans = self.scans_loops
+        loop_cls = nn.remat(Loop, prevent_cse=not scans) if cfg.remat is Remat.LOOP else Loop
+        if scans and self.per_loop_params:
             loop_cls = nn.scan(
                 loop_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
             )
-        elif cfg.scan:
+        elif scans:
             loop_cls = nn.scan(
                 loop_cls,
                 variable_broadcast="params",
@@ -102,9 +116,9 @@ class LoopedLM(nn.Module):
         e0_BxTxD = rms_norm(e_BxTxD, cfg.norm_eps) if cfg.embed_norm else e_BxTxD
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
-        if cfg.scan:
+        if self.scans_loops:
             x_BxTxD, ys = self.loop(e0_BxTxD, jnp.arange(K), e_BxTxD, e0_BxTxD, rope, edit)
-        else:
+        else:  # the layers may still be scanned: ys then carry the layer axis per loop
             x_BxTxD, per_loop = e0_BxTxD, []
             for t in range(K):
                 x_BxTxD, y = self.loop(x_BxTxD, t, e_BxTxD, e0_BxTxD, rope, at(edit, t))
