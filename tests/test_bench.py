@@ -12,6 +12,7 @@ import pytest
 from loopscale import cli
 from loopscale.bench import result, sweep_share, timing
 from loopscale.bench.figures import FIGURES
+from test_scaling_parametric import CHINCHILLA
 
 # The issue's targets (issue 10, `make bench`).
 TARGETS = {
@@ -85,10 +86,16 @@ def check_markdown(doc: dict, md: str) -> None:
         assert cells[3] == verdict
 
 
-def test_quick_figures_at_tiny_scale(tmp_path):
+def test_quick_figures_at_tiny_scale(tmp_path, monkeypatch):
+    # The Chinchilla table where the fitting tests read it (a clone elsewhere has no
+    # ../shared beside it, the bench's default place)
+    monkeypatch.setenv("CHINCHILLA_CSV", CHINCHILLA)
     doc, md = run_bench(tmp_path, QUICK)
     check_figures(doc, QUICK)
     check_markdown(doc, md)
+    fit = doc["figures"][QUICK.index("fit_seconds")]
+    assert fit["status"] == "measured" and fit["measured"]["starts"] == 108  # the small grid
+    assert fit["measured"]["fit"]["alpha"] == pytest.approx(0.3473, abs=2e-3)
     assert doc["figures"][QUICK.index("sweep_time_share")]["status"] == "skipped"
 
 
