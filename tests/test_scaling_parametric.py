@@ -1,10 +1,10 @@
 """Chinchilla approach 3: the published replication, synthetic recovery, the allocation."""
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy.optimize import check_grad
 
+from loopscale.bench.fit_time import chinchilla_points
 from loopscale.scaling import FitError
 from loopscale.scaling.parametric import (
     _Objective,
@@ -21,10 +21,7 @@ PAPER = {"E": 1.82, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}
 
 def chinchilla():
     """N, D, L of the 240 runs Besiroglu et al. fit (the five highest losses dropped)."""
-    df = pd.read_csv(CHINCHILLA)
-    n, c, loss = (df[k].to_numpy() for k in ("Model Size", "Training FLOP", "loss"))
-    keep = loss < np.sort(loss)[-5]
-    return n[keep], (c / (6 * n))[keep], loss[keep]
+    return chinchilla_points(CHINCHILLA)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from loopscale.config.schema import MeshConfig
 from loopscale.errors import UsageError
 from loopscale.model.sharding import AXES, BATCH_AXES, LOGICAL_RULES
+from loopscale.train import xla_cache
 
 
 @contextlib.contextmanager
@@ -67,12 +68,15 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
         per_slice = (shape[0] // slices, *shape[1:])
         grid = jax.experimental.mesh_utils.create_hybrid_device_mesh(
             per_slice, (slices, 1, 1, 1), devices)
-        return Mesh(grid, AXES)
-    try:
-        grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices)
-    except (AssertionError, ValueError, NotImplementedError):
-        grid = np.asarray(devices).reshape(shape)
-    return Mesh(grid, AXES)
+    else:
+        try:
+            grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices)
+        except (AssertionError, ValueError, NotImplementedError):
+            grid = np.asarray(devices).reshape(shape)
+    mesh = Mesh(grid, AXES)
+    # Every run, evaluation and compile builds its mesh here, before compiling anything.
+    xla_cache.off_for_cpu_collectives(mesh)
+    return mesh
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

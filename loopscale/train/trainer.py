@@ -34,7 +34,6 @@ from loopscale.rundir.run import CHECKPOINTS, RunDirectory, branch_source
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.train import diagnostics
 from loopscale.train import mesh as mesh_lib
-from loopscale.train import xla_cache
 from loopscale.train.optimizer import build_optimizer
 from loopscale.train.peak import device_peak_flops
 from loopscale.train.state_metrics import StateMetrics
@@ -101,7 +100,6 @@ def _boxed_state_fn(model: LoopedLM, tx, seq_len: int):
 
 def setup(config: Config, devices=None) -> _Setup:
     mesh = mesh_lib.make_mesh(config.mesh, devices)
-    xla_cache.off_for_cpu_collectives(mesh)
     dp = mesh_lib.data_parallel_size(mesh)
     if config.train.batch_size % (dp * config.train.grad_accum):
         raise UsageError(f"train.batch_size={config.train.batch_size} must be divisible by "

@@ -6,7 +6,8 @@ cache deadlocks in collectives across devices: its devices reach different all-r
 after 40 s the rendezvous aborts the process. Reproduced with a dropless Looped-MoE train step
 on 8 virtual CPU devices: compiled fresh it trains, loaded from the cache in a second process
 it aborts, every time (the test suite's first attempt at a shared cache died the same way).
-So a process whose mesh spans several CPU devices compiles without the cache; one device, and
+So a process whose mesh spans several CPU devices compiles without the cache (train/mesh.py:
+`make_mesh`, which every run, evaluation and compile builds its mesh with); one device, and
 TPUs and GPUs, keep it.
 """
 
