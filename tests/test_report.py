@@ -10,16 +10,16 @@ import json
 import struct
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from loopscale import checkout
 from loopscale.cli import main
 from loopscale.scaling import plots
 
-CHINCHILLA = Path("/work/shared/data/chinchilla_svg_extracted_data.csv")
+CHINCHILLA = checkout.reference_table(checkout.CHINCHILLA)
 STEMS = [stem for stem, *_ in plots.FIGURES]
 ALPHA, BETA, E, A, B = 0.34, 0.30, 1.7, 400.0, 1500.0
 # family -> (S: needs S x params and S x tokens for the same loss, stored/active params)

@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from loopscale import checkout
 from loopscale.scaling.isoflop import (
     assign_budgets,
     bootstrap_isoflop,
@@ -12,8 +13,8 @@ from loopscale.scaling.isoflop import (
     fit_isoflop,
 )
 
-PORIAN = "/work/shared/data/porian2024_isoflop_points.csv"
-PORIAN_OPTIMA = "/work/shared/data/porian2024_isoflop_optima.csv"
+PORIAN = str(checkout.reference_table(checkout.PORIAN_POINTS))
+PORIAN_OPTIMA = str(checkout.reference_table(checkout.PORIAN_OPTIMA))
 ALPHA, BETA = 0.34, 0.30
 A_TRUE = BETA / (ALPHA + BETA)  # N_opt ~ C^a under L = E + A/N^alpha + B/D^beta
 GAMMA = ALPHA * BETA / (ALPHA + BETA)  # L_opt - E ~ C^-gamma

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import check_grad
 
+from loopscale import checkout
 from loopscale.bench.fit_time import chinchilla_points
 from loopscale.scaling import FitError
 from loopscale.scaling.parametric import (
@@ -13,7 +14,7 @@ from loopscale.scaling.parametric import (
     grid_starts,
 )
 
-CHINCHILLA = "/work/shared/data/chinchilla_svg_extracted_data.csv"
+CHINCHILLA = str(checkout.reference_table(checkout.CHINCHILLA))
 # Besiroglu et al. 2024: their notebook's grid-protocol fit, and their paper's estimates.
 PROTOCOL = {"E": 1.8172, "A": 477.8, "B": 2143.9, "alpha": 0.3473, "beta": 0.3672}
 PAPER = {"E": 1.82, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}

@@ -2,8 +2,8 @@
 starts (4,500 at the full scale) and the bootstrap refits (1,000), timed apart, with the fit
 and its 95% intervals beside the times so a slow fit can be told from a wrong one.
 
-The table is the shared reference data (`../shared/data/chinchilla_svg_extracted_data.csv`
-beside the checkout, or `$CHINCHILLA_CSV`); the five highest losses are dropped as Besiroglu
+The table is the checkout's reference data (`data/reference/chinchilla_svg_extracted_data.csv`,
+or `$CHINCHILLA_CSV`); the five highest losses are dropped as Besiroglu
 et al. 2024 do. Their fit, for comparison: E 1.8172, A 477.8, B 2143.9, alpha 0.3473,
 beta 0.3672; 95% intervals alpha 0.317-0.373, beta 0.331-0.415, E 1.769-1.871.
 """
@@ -16,15 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-import loopscale
-
-CSV_NAME = "chinchilla_svg_extracted_data.csv"
+from loopscale import checkout
 
 
 def chinchilla_csv() -> Path | None:
     """The Chinchilla table if this checkout can see it, else None."""
     env = os.environ.get("CHINCHILLA_CSV")
-    path = Path(env) if env else Path(loopscale.__file__).resolve().parents[2] / "shared" / "data" / CSV_NAME
+    path = Path(env) if env else checkout.reference_table(checkout.CHINCHILLA)
     return path if path.is_file() else None
 
 

@@ -1,0 +1,54 @@
+"""What a fresh clone anywhere needs: no tracked file names a path of the machine the project is
+developed on (the tests, the README's commands and the bench read the reference tables from the
+checkout's data/reference/, relative to it), and the tables are there as PROVENANCE.md lists
+them."""
+
+import hashlib
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The development machine's checkout, its shared folder and tool library, its home directory.
+MACHINE_PATHS = re.compile(r"(?<![\w.~-])/(work|root)/|/tmp/studio")
+
+
+def tracked_files() -> list[Path]:
+    """The files git tracks, and those it would (untracked, not ignored), in the working tree."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / name for name in out.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+def test_no_tracked_file_names_a_path_of_the_development_machine():
+    files = tracked_files()
+    assert len(files) > 100  # the listing worked
+    found = []
+    for path in files:
+        if path == Path(__file__).resolve():  # names the paths on purpose, to test the pattern
+            continue
+        data = path.read_bytes()
+        if b"\0" in data:  # binary (checkpoints, images): no paths to read
+            continue
+        text = data.decode("utf-8", errors="replace")
+        for n, line in enumerate(text.splitlines(), 1):
+            if MACHINE_PATHS.search(line) or str(ROOT) + "/" in line:
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}")
+    assert found == []
+
+
+def test_the_pattern_finds_what_it_is_for():
+    assert MACHINE_PATHS.search('CSV = "/work/shared/data/x.csv"')
+    assert MACHINE_PATHS.search("exec /root/.venv/bin/python")
+    assert not MACHINE_PATHS.search("data/reference/x.csv and runs/work/ and ~/work/x")
+
+
+def test_the_reference_tables_are_shipped_as_their_provenance_lists_them():
+    folder = ROOT / "data" / "reference"
+    rows = [line.split("|") for line in (folder / "PROVENANCE.md").read_text().splitlines()
+            if line.startswith("| ") and ".csv" in line.split("|")[1]]
+    assert len(rows) == 3
+    for cells in rows:
+        name, digest = cells[1].strip(), cells[-2].strip()
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+    assert {p.name for p in folder.glob("*.csv")} == {cells[1].strip() for cells in rows}
