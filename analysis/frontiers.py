@@ -46,19 +46,18 @@ def fit(args: argparse.Namespace) -> tuple[dict | None, list, str | None]:
     fits it (its flags: --params-column, --bootstrap, --seed, --level, --spline, --grid)."""
     import matplotlib
 
-    from loopscale.commands.common import fitted_doc
-    from loopscale.commands.report import load_source
     from loopscale.scaling import FitError, plots
     from loopscale.scaling import fit as fitting
     from loopscale.scaling.table import Columns
+    from loopscale.sweep.collect import results_table
 
     columns = Columns(params=args.params_column, tokens=args.tokens_column,
                       loss=args.loss_column, flops=args.flops_column)
     try:
-        result = fitting.fit_results(load_source(args.workdir, columns), fitting.FitOptions(
+        result = fitting.fit_results(results_table(args.workdir, columns), fitting.FitOptions(
             bootstrap=args.bootstrap, seed=args.seed, level=args.level, spline=args.spline,
             grid=args.grid))
-        doc = fitted_doc(result, args.workdir)
+        doc = fitting.fit_document(result, args.workdir)
     except (UsageError, FitError) as e:  # a sweep not yet fittable still gets the rest
         return None, [], str(e)
     figures = []

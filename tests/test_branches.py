@@ -4,6 +4,7 @@ what a standalone run with the same WSD schedule trains."""
 
 import json
 
+import pandas as pd
 import pytest
 import trainkit
 
@@ -128,7 +129,7 @@ def test_plan_marks_trunks_and_branches_and_counts_their_flops(sweep_file):
 
 
 @pytest.mark.slow
-def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_path):
+def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_path, capsys):
     from loopscale.cli import main
     from loopscale.sweep.collect import collect_dir
 
@@ -144,6 +145,25 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
         assert float(r["flops"]) == pytest.approx(float(r["budget"]), rel=0.05)
         # `measure`: each run measured as it completed (eval/ppl.json), collected as columns.
         assert r["ppl_loss"] == pytest.approx(r["final_eval_loss"], rel=1e-5)
+    # `loopscale demo` on the finished sweep: its sweep step finds every run done and trains
+    # nothing, collect writes results.csv as `loopscale collect` does, and the report refuses
+    # in one line a table it cannot fit (two sizes a budget), writing no report.
+    before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
+    assert main(["demo", f"--sweep={sweep_file}", f"--workdir={workdir}"]) == 2
+    out, err = capsys.readouterr()
+    assert [line for line in out.splitlines() if line.startswith("$ loopscale")] == [
+        f"$ loopscale sweep --sweep={sweep_file} --workdir={workdir} --concurrency=2",
+        f"$ loopscale collect {workdir} --out={workdir / 'results.csv'}",
+        f"$ loopscale report {workdir / 'results.csv'} --out={workdir / 'report'} "
+        "--params-column=params_active --bootstrap=200 --grid=small"]
+    assert "6/6 runs done (0 diverged), 0 failed, 0 interrupted" in out
+    assert err.strip().splitlines()[-1].startswith("loopscale demo: error: ")
+    assert "nothing could be fitted" in err.strip().splitlines()[-1]
+    table = pd.read_csv(workdir / "results.csv")
+    assert sorted(table["run_id"]) == sorted(r["run_id"] for r in rows)
+    assert not (workdir / "report").exists()
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items()  # nothing trained again
+               if p.name not in ("plan.csv", "sweep.lock"))  # (the runner rewrites these two)
     # A launch script cannot order branches after trunks yet: refused in one line.
     assert main(["sweep", f"--sweep={sweep_file}", f"--workdir={tmp_path / 'slurm'}",
                  "--launcher=slurm", "--dry-run"]) == 2

@@ -45,7 +45,7 @@ def test_bad_topology_names_say_why(name):
 
 
 def test_two_slices_put_the_data_axis_across_them():
-    from loopscale.train import mesh as mesh_lib
+    from loopscale.parallel import mesh as mesh_lib
 
     devices = topology.devices(topology.parse("v5p:2x2x1", slices=2))
     mesh = mesh_lib.make_mesh(MeshConfig(data=2, fsdp=4, tensor=1, expert=1), devices)

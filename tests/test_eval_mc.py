@@ -29,7 +29,7 @@ from loopscale.evaluate.mc_tasks import (
 from loopscale.model import LoopedLM
 from loopscale.rundir.load import load_run
 from loopscale.sweep.collect import collect_dir
-from loopscale.train.mesh import make_mesh
+from loopscale.parallel.mesh import make_mesh
 from loopscale.train.trainer import train
 
 EOS = ByteTokenizer.eos_id

@@ -12,7 +12,7 @@ from helpers import init_params, tiny_model_config, tokens
 
 from loopscale.config import load_config, parse
 from loopscale.config.schema import LossLoops
-from loopscale.evaluate.lm import eval_step
+from loopscale.train.eval_loss import eval_step
 from loopscale.model import LoopedLM
 from loopscale.model.loss import chunk_size, loss_loop_indices, token_losses
 from loopscale.train.step import loss_fn

@@ -13,7 +13,7 @@ from helpers import init_params, tiny_model_config, tokens, unrolled
 from loopscale.config import MeshConfig, MoEDispatch
 from loopscale.model import LoopedLM, unstack_layers
 from loopscale.model.moe import MoE, capacity
-from loopscale.train import mesh as mesh_lib
+from loopscale.parallel import mesh as mesh_lib
 
 CFG = tiny_model_config(ffn="moe", n_experts=4, top_k=2, d_ff=64)
 X = jax.random.normal(jax.random.PRNGKey(3), (2, 16, CFG.d_model))

@@ -18,7 +18,7 @@ from loopscale.rundir.load import load_run
 from loopscale.rundir.run import checkpoint_steps, config_changes, read_config
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.sweep.collect import collect_dir
-from loopscale.train.mesh import make_mesh
+from loopscale.parallel.mesh import make_mesh
 from loopscale.train.trainer import train
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rundirs_fb4f2b5"

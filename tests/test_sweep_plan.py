@@ -69,8 +69,8 @@ def test_run_ids_are_stable_and_reproduced_by_the_command(plans):
     # What the runner launches, `loopscale train --config=... --config.x=y`, resolves to the
     # planned config, hence to the same id.
     run = first.runs[7]
-    args = run.config_args()
-    config = parse(load_config(args[0].split("=", 1)[1], args[1:]))
+    job = run.job("runs/x")
+    config = parse(load_config(job.experiment, job.overrides))
     assert config == run.config and config_hash(config) == run.run_id
     # Any field that changes the run changes the id.
     other = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.seeds=(1,)"]))
@@ -378,7 +378,7 @@ def test_plan_from_another_directory_plans_the_same_runs(plans, tmp_path, monkey
 def test_demo_finds_its_sweep_from_any_directory(tmp_path, monkeypatch, capsys):
     import loopscale
     from loopscale.cli import main
-    from loopscale.commands.demo import default_sweep
+    from loopscale.checkout import demo_sweep as default_sweep
 
     monkeypatch.chdir(tmp_path)
     assert default_sweep() == os.path.join(REPO, "sweeps", "isoflop_cpu.py")

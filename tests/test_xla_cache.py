@@ -1,5 +1,5 @@
 """The persistent compilation cache is turned off for a mesh of several CPU devices, where
-XLA:CPU executables read back from it deadlock in their collectives (train/xla_cache.py; the
+XLA:CPU executables read back from it deadlock in their collectives (parallel/xla_cache.py; the
 abort itself was reproduced by hand: a dropless Looped-MoE run on 8 CPU devices, twice, the
 second from the cache)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import Mesh
 
-from loopscale.train import xla_cache
+from loopscale.parallel import xla_cache
 
 
 def test_cache_goes_off_for_several_cpu_devices_only(tmp_path, capsys):

@@ -39,8 +39,8 @@ from loopscale.aot.steps import MEASURE_STEPS
 from loopscale.config import Config
 from loopscale.config.schema import FFNKind, FlopConvention
 from loopscale.errors import UsageError
-from loopscale.evaluate import lm
-from loopscale.train import mesh as mesh_lib
+from loopscale.train import eval_loss
+from loopscale.parallel import mesh as mesh_lib
 from loopscale.train import trainer
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -97,7 +97,7 @@ def lower(config: Config, devices, step: str = "train"):
                                                 train=config.train, n_loops=config.model.n_loops),
                               in_shardings=(s.state_shardings.params, s.batch_sharding))
         else:
-            eval_fn = lm.jit_eval_step(s.model, config.train, config.model.n_loops,
+            eval_fn = eval_loss.jit_eval_step(s.model, config.train, config.model.n_loops,
                                        param_shardings=s.state_shardings.params,
                                        batch_sharding=s.batch_sharding)
         return eval_fn.lower(state.params, batch), s

@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import Callable
 
+from loopscale import checkout
 from loopscale.bench import fit_time, lean, steps, sweep_share, timing, torch_ref
 from loopscale.bench.result import SKIPPED, Figure, Target, measured, not_measured, reported
 from loopscale.bench.scale import Scale
@@ -198,9 +199,7 @@ def sweep_time_share(ctx: Context, key: str, title: str, target: Target) -> Figu
     if s.sweep is None:
         return not_measured(key, title, target, SKIPPED,
                             f"skipped: no sweep at the {s.name} scale", percent=True)
-    from loopscale.commands.demo import default_sweep
-
-    sweep_file = default_sweep()
+    sweep_file = checkout.demo_sweep()
     with tempfile.TemporaryDirectory(prefix="loopscale-bench-sweep-") as workdir:
         wall = sweep_share.run_subsweep(sweep_file, workdir, s.sweep, s.sweep_concurrency)
         figures = sweep_share.share(workdir, wall, s.sweep_concurrency)
@@ -236,8 +235,8 @@ def fit_seconds(ctx: Context, key: str, title: str, target: Target) -> Figure:
     path = fit_time.chinchilla_csv()
     if path is None:
         return not_measured(key, title, target, SKIPPED,
-                            f"skipped: no {fit_time.CSV_NAME} (../shared/data beside the "
-                            "checkout, or $CHINCHILLA_CSV)")
+                            "skipped: no data/reference/chinchilla_svg_extracted_data.csv in "
+                            "the checkout (or $CHINCHILLA_CSV)")
     got = fit_time.time_fit(path, s.fit_grid, s.fit_bootstrap)
     fit, ci = got["fit"], got["interval_95"]
     note = (f"loopscale.scaling.parametric on the Chinchilla table ({got['runs']} runs, the five "

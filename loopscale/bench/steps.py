@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 import numpy as np
 
-import loopscale
+from loopscale import checkout
 from loopscale.aot import compile as aot
 from loopscale.config import Config, load_config, parse
 from loopscale.errors import UsageError
-from loopscale.train import mesh as mesh_lib
+from loopscale.parallel import mesh as mesh_lib
 from loopscale.train import trainer
 
 
 def experiment_path(name: str) -> str:
     """experiments/NAME (with its :ARG) of the checkout the package is installed from."""
     file, colon, arg = name.partition(":")
-    path = Path(loopscale.__file__).resolve().parents[1] / "experiments" / file
+    path = checkout.root() / "experiments" / file
     if not path.is_file():
         raise UsageError(f"no {path} beside the installed package (not an editable install of "
                          "the checkout); loopscale bench needs the checkout's experiments/")

@@ -20,16 +20,19 @@ from loopscale.rundir.run import METRICS, read_summary
 
 def run_subsweep(sweep_file: str, workdir: str, overrides: Sequence[str],
                  concurrency: int) -> float:
-    """Runs `loopscale sweep` in-process (the command the demo runs) and returns its seconds."""
-    from loopscale import cli
+    """Runs the sweep as `loopscale sweep --concurrency=N` (and the demo) runs it, in this
+    process, and returns its seconds (planning included, as the command's wall time would)."""
+    from loopscale.sweep.local import run_local
+    from loopscale.sweep.plan import plan_file
+    from loopscale.sweep.runner import Options
 
-    argv = ["sweep", f"--sweep={sweep_file}", f"--workdir={workdir}",
-            f"--concurrency={concurrency}", *overrides]
     start = time.perf_counter()
-    code = cli.main(argv)
+    outcome = run_local(plan_file(sweep_file, overrides), workdir, Options.standard(concurrency))
     wall = time.perf_counter() - start
-    if code:
-        raise RuntimeError(f"loopscale {' '.join(argv)} exited {code}")
+    if not outcome.ok:
+        raise RuntimeError(f"the sweep {sweep_file} {' '.join(overrides)} in {workdir}: "
+                           f"{len(outcome.failed)} runs failed, "
+                           f"{len(outcome.interrupted)} interrupted")
     return wall
 
 

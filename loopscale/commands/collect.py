@@ -17,10 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loopscale.sweep.collect import collect, status_counts, write_results
+    from loopscale.sweep.collect import collect, summary_line, write_results
 
     rows = collect(args.dirs)
     write_results(rows, args.out)
-    counts = ", ".join(f"{n} {status}" for status, n in sorted(status_counts(rows).items()))
-    print(f"wrote {args.out}: {len(rows)} runs ({counts or 'none'})")
+    print(summary_line(rows, args.out))
     return 0

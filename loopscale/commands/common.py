@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from loopscale.config import Config, load_config, parse
-from loopscale.errors import UsageError
 
 
 def add_config_arg(parser: argparse.ArgumentParser) -> None:
@@ -38,15 +37,3 @@ def add_fit_args(parser: argparse.ArgumentParser, bootstrap_default: int) -> Non
     parser.add_argument("--grid", choices=("hoffmann", "small"), default="hoffmann",
                         help="parametric starting grid: hoffmann (4,500 starts, the published "
                         "protocol) or small (108, quick looks)")
-
-
-def fitted_doc(result, source: str) -> dict:
-    """The fit's JSON document, or UsageError when no family got any fit at all (too few
-    budgets, sizes or runs): a table that cannot be fitted is bad input, not a result."""
-    from loopscale.scaling import fit as fitting
-
-    doc = fitting.to_json(result)
-    fits = [fam[kind] for fam in doc["families"].values() for kind in ("isoflop", "parametric")]
-    if fits and all(f["skipped"] for f in fits):
-        raise UsageError(f"{source}: nothing could be fitted ({doc['warnings'][-1]})")
-    return doc

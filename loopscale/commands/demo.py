@@ -2,8 +2,9 @@
 
 sweep (sweeps/isoflop_cpu.py: Base, Looped, MoE and Looped-MoE at three FLOP budgets on the KJV
 text) -> collect (runs/demo/results.csv) -> report (fit + figures in runs/demo/report/). Each
-step is the subcommand of the same name, so an interrupted demo resumes where it stopped and a
-finished one only redraws the report.
+step is what the subcommand of the same name runs (the same library calls, printed as that
+command), so an interrupted demo resumes where it stopped and a finished one only redraws the
+report.
 
 It runs from any directory: the default sweep is the checkout's sweeps/isoflop_cpu.py (the one
 beside the package, installed editable with `pip install -e`), and --workdir is relative to the
@@ -14,20 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
+import sys
 
-import loopscale
-from loopscale.errors import UsageError
-
-
-def default_sweep() -> str:
-    """The checkout's sweeps/isoflop_cpu.py; a UsageError where the package is not installed
-    from a checkout (a non-editable install carries no sweeps/)."""
-    path = Path(loopscale.__file__).resolve().parents[1] / "sweeps" / "isoflop_cpu.py"
-    if not path.is_file():
-        raise UsageError(f"no {path} beside the installed package (not an editable install of "
-                         "the checkout); pass --sweep=PATH/sweeps/isoflop_cpu.py")
-    return str(path)
+from loopscale import checkout
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,21 +31,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from loopscale import cli
+def _say(argv: list[str]) -> None:
+    print(f"\n$ loopscale {' '.join(argv)}", flush=True)
 
-    sweep = args.sweep or default_sweep()
-    results = os.path.join(args.workdir, "results.csv")
-    steps = [
-        ["sweep", f"--sweep={sweep}", f"--workdir={args.workdir}",
-         f"--concurrency={args.concurrency}"],
-        ["collect", args.workdir, f"--out={results}"],
-        ["report", results, f"--out={os.path.join(args.workdir, 'report')}",
-         "--params-column=params_active", f"--bootstrap={args.bootstrap}", "--grid=small"],
-    ]
-    for argv in steps:
-        print(f"\n$ loopscale {' '.join(argv)}", flush=True)
-        code = cli.main(argv)
-        if code:
-            return code
+
+def run(args: argparse.Namespace) -> int:
+    from loopscale.scaling import fit as fitting
+    from loopscale.scaling.publish import write_report
+    from loopscale.scaling.table import Columns
+    from loopscale.sweep import collect
+    from loopscale.sweep.local import outcome_lines, run_local
+    from loopscale.sweep.plan import plan_file
+    from loopscale.sweep.runner import Options
+
+    sweep = args.sweep or checkout.demo_sweep()
+    workdir, results = args.workdir, os.path.join(args.workdir, "results.csv")
+    report = os.path.join(workdir, "report")
+
+    _say(["sweep", f"--sweep={sweep}", f"--workdir={workdir}",
+          f"--concurrency={args.concurrency}"])
+    plan = plan_file(sweep)
+    for note in plan.notes:
+        sys.stderr.write(f"loopscale sweep: note: {note}\n")
+    outcome = run_local(plan, workdir, Options.standard(args.concurrency))
+    print("\n".join(outcome_lines(outcome, plan, workdir)))
+    if not outcome.ok:
+        return 1
+
+    _say(["collect", workdir, f"--out={results}"])
+    rows = collect.collect([workdir])
+    collect.write_results(rows, results)
+    print(collect.summary_line(rows, results))
+
+    _say(["report", results, f"--out={report}", "--params-column=params_active",
+          f"--bootstrap={args.bootstrap}", "--grid=small"])
+    table = collect.results_table(results, Columns(params="params_active"))
+    written = write_report(table, report, fitting.FitOptions(bootstrap=args.bootstrap,
+                                                             grid="small"), results)
+    warnings, lines = written.lines()
+    for line in warnings:
+        sys.stderr.write(f"loopscale report: warning: {line}\n")
+    print("\n".join(lines))
     return 0

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from loopscale.commands.common import add_fit_args, fitted_doc
+from loopscale.commands.common import add_fit_args
 from loopscale.errors import UsageError
 from loopscale.files import write_atomic
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         result = fitting.fit_results(table, options)
     except FitError as e:
         raise UsageError(str(e)) from e
-    doc = fitted_doc(result, args.table)
+    doc = fitting.fit_document(result, args.table)
     write_atomic(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     for line in doc["warnings"]:
         sys.stderr.write(f"loopscale fit: warning: {line}\n")

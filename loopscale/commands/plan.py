@@ -54,11 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def make_plan(args: argparse.Namespace):
-    from loopscale.sweep import load_sweep
-    from loopscale.sweep.plan import parse_config_overrides, plan
+    from loopscale.sweep.plan import plan_file
 
-    config = parse_config_overrides([o for o in args.overrides if o.startswith("--config.")])
-    result = plan(load_sweep(args.sweep, args.overrides), args.peak_flops, args.mfu, config)
+    result = plan_file(args.sweep, args.overrides, args.peak_flops, args.mfu)
     for note in result.notes:
         sys.stderr.write(f"loopscale {args.command}: note: {note}\n")
     return result

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 
 from loopscale.commands.plan import add_sweep_arg, make_plan, size, wall_time_lines
 from loopscale.errors import UsageError
+from loopscale.sweep.runner import MAX_RETRIES, STALL_S
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="print what would run (local) or the launch script; write nothing")
     local = p.add_argument_group("local runner")
     local.add_argument("--concurrency", type=int, default=1, help="runs trained at once")
-    local.add_argument("--max-retries", type=int, default=2,
+    local.add_argument("--max-retries", type=int, default=MAX_RETRIES,
                        help="relaunches of a failed run, counted over every invocation")
     local.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                        help="environment variable for every run, e.g. XLA_FLAGS=... (repeatable)")
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--warm-workers", action=argparse.BooleanOptionalAction, default=True,
                        help="each slot trains run after run in one warm process (JAX imported "
                        "and each shape compiled once); off: a fresh process per run")
-    local.add_argument("--stall-timeout", type=float, default=3600.0, metavar="SECONDS",
+    local.add_argument("--stall-timeout", type=float, default=STALL_S, metavar="SECONDS",
                        help="kill and retry a run whose metrics have not grown for this long "
                        "(0: never)")
     cluster = p.add_argument_group("cluster launchers")
@@ -77,20 +77,17 @@ def run(args: argparse.Namespace) -> int:
     result = make_plan(args)
     if args.launcher != "local":
         return _write_launcher(args, result)
-    if _is_remote(args.workdir):
-        raise UsageError(f"the local runner needs a local --workdir, not {args.workdir}; "
-                         "use --launcher=tpu-pod or --launcher=slurm")
+    from loopscale.sweep.local import check_workdir
+
+    check_workdir(args.workdir)
     return _run_local(args, result)
 
 
 def _run_local(args: argparse.Namespace, result) -> int:
     from loopscale.rundir import sweep as rundirs
-    from loopscale.rundir.status import RunStatus
-    from loopscale.sweep.plan import read_csv, write_csv
-    from loopscale.sweep.progress import Progress
-    from loopscale.sweep.runner import (
-        DEFAULT_TRAIN_COMMAND, Options, SweepLock, command, run_sweep,
-    )
+    from loopscale.sweep.local import outcome_lines, run_local
+    from loopscale.sweep.processes import DEFAULT_TRAIN_COMMAND, command
+    from loopscale.sweep.runner import Options
 
     workdir = os.path.abspath(args.workdir)
     train_command = tuple(shlex.split(args.train_command)) if args.train_command \
@@ -112,24 +109,8 @@ def _run_local(args: argparse.Namespace, result) -> int:
             argv = command(run, workdir, train_command)
             print(f"# {run.run_id} {run.family} ({state.value})\n{shlex.join(argv)}")
         return 0
-    with SweepLock(workdir):
-        plan_path = os.path.join(workdir, "plan.csv")
-        if os.path.exists(plan_path):
-            old = {r["run_id"] for r in read_csv(plan_path)}
-            dropped = old - {r.run_id for r in result.runs}
-            if dropped:
-                sys.stderr.write(f"loopscale sweep: note: the plan changed; {len(dropped)} runs "
-                                 "of the previous plan are not in it (kept under runs/, and "
-                                 "collected)\n")
-        write_csv(result.runs, plan_path)
-        outcome = run_sweep(result.runs, workdir, options, Progress())
-    diverged = sum(1 for s in outcome.done.values() if s is RunStatus.DIVERGED)
-    print(f"{len(outcome.done)}/{len(result.runs)} runs done ({diverged} diverged), "
-          f"{len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted; "
-          f"`loopscale collect {args.workdir} --out=results.csv` tabulates them")
-    for run_id in outcome.failed:
-        log = os.path.join(rundirs.run_dir(workdir, run_id), rundirs.LOG)
-        print(f"failed: {run_id} (log: {log})")
+    outcome = run_local(result, workdir, options)
+    print("\n".join(outcome_lines(outcome, result, args.workdir)))
     return 0 if outcome.ok else 1
 
 

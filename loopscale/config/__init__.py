@@ -1,7 +1,8 @@
 """Configuration: ConfigDict at the edge (experiment files, overrides), frozen dataclasses inside.
 
 `defaults.base_config()` holds every default; `loader.load_config` reads an experiment file with
-`--config.x.y=v` overrides; `schema.parse` validates it once into a typed `Config`."""
+`--config.x.y=v` overrides; `validate.parse` validates it once into a typed `Config` (the
+dataclasses of schema.py, the enums of enums.py)."""
 
 from loopscale.config.defaults import base_config
 from loopscale.config.loader import load_config
@@ -21,9 +22,8 @@ from loopscale.config.schema import (
     Remat,
     Schedule,
     TrainConfig,
-    parse,
-    parse_model,
 )
+from loopscale.config.validate import parse, parse_model
 
 __all__ = [
     "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LossLoops",

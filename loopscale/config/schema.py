@@ -1,130 +1,38 @@
-"""Typed, frozen configuration dataclasses and the enums they use.
+"""Typed, frozen configuration dataclasses: `Config` and the sections library functions take
+(`ModelConfig`, `TrainConfig`, `DataConfig`, `MeshConfig`, ...).
 
-A ConfigDict from an experiment file is validated once by `parse` into a `Config`; everything
-inside the library takes the narrow dataclass it needs. Every field name here is part of the
-command-line contract (`--config.model.d_model=...`), and every default lives in
-`defaults.base_config`, not here, so the two cannot drift: `parse` requires every field.
+Every field name here is part of the command-line contract (`--config.model.d_model=...`), and
+every default lives in `defaults.base_config`, not here, so the two cannot drift: `parse`
+(validate.py) requires every field. The enums the fields use live in enums.py; importing
+them here also makes `from loopscale.config.schema import FFNKind` (as the library and tests
+read them) keep working.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
-import typing
-from typing import Any
 
-import ml_collections
-
-from loopscale.errors import UsageError
-
-
-class Injection(enum.Enum):
-    """How loop t >= 2 sees loop t-1 (PAPERS.md section 1; loop 1 is always the plain stack)."""
-
-    NONE = "none"  # original LT: x0 = h(t-1) = norm(x_L(t-1))
-    INPUT = "input"  # x0 = norm(e + h(t-1))
-    ATTN_FIRST = "attn_first"  # x0 = norm(e); layer 1 takes its queries from h(t-1)
-    FLA = "fla"  # x0 = norm(e); every layer restarts from z = norm(x + h(t-1))
-    FLT = "flt"  # x0 = norm(e); every layer takes its queries from h(t-1)
-    # Plain repetition (the sparse-layers study): the residual stream runs on unchanged, so a
-    # K-loop model is a K*L-layer model with tied weights.
-    REPEAT = "repeat"
-
-
-class FFNKind(enum.Enum):
-    DENSE = "dense"
-    MOE = "moe"
-
-
-class MLPKind(enum.Enum):
-    SWIGLU = "swiglu"
-    GELU = "gelu"
-    RELU2 = "relu2"
-
-
-class MoEDispatch(enum.Enum):
-    DROPLESS = "dropless"  # tokens sorted by expert, grouped matmul (jax.lax.ragged_dot)
-    CAPACITY = "capacity"  # one-hot dispatch/combine einsums with a per-expert capacity
-
-
-class Param(enum.Enum):
-    """Parametrisation: how init, forward multipliers and LRs depend on width (model/mup.py)."""
-
-    MUP = "mup"  # microsoft/mup rules for Adam
-    MUP_SPARSE = "mup_sparse"  # the sparse-layers study's variant: init var and LR / (d/base)
-    SP = "sp"  # standard parametrisation: nothing depends on width
-
-
-class InitDist(enum.Enum):
-    """A weight's starting distribution, given its std (model/layers.py)."""
-
-    NORMAL = "normal"
-    # Cut at 3 sigma; `std` is the untruncated normal's, as in torch's trunc_normal_ and JAX's
-    # truncated_normal (the sample's std is 0.987 x that).
-    TRUNCATED_NORMAL = "truncated_normal"
-    UNIFORM = "uniform"  # symmetric, bound sqrt(3) * std
-    ZEROS = "zeros"
-
-
-class Remat(enum.Enum):
-    NONE = "none"
-    LAYER = "layer"
-    LOOP = "loop"
-
-
-class LossLoops(enum.Enum):
-    """Which loop boundaries the LM loss is taken at (averaged over them)."""
-
-    LAST = "last"
-    ALL = "all"
-    LAST_THIRD = "last_third"
-
-
-class DType(enum.Enum):
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-
-
-class FlopConvention(enum.Enum):
-    """What a 'FLOP' of training compute counts (flops.py). Accounting moves fitted exponents."""
-
-    KAPLAN = "6n"  # 6 * non-embedding params (per use)
-    SPARSE_STUDY = "6n_emb"  # 6 * (params per use + embedding + unembedding), no attention
-    ATTENTION = "6n_attn"  # 6N + full T x T attention matmuls
-    ATTENTION_CAUSAL = "6n_attn_causal"  # 6N + half of the attention matmuls (causal)
-
-
-class Schedule(enum.Enum):
-    CONSTANT = "constant"
-    COSINE = "cosine"  # linear warmup then cosine to min_lr_frac
-    WSD = "wsd"  # warmup, stable, decay over the last decay_frac of steps
-
-
-class Cooldown(enum.Enum):
-    LINEAR = "linear"
-    SQRT = "sqrt"
-
-
-class Optimizer(enum.Enum):
-    ADAMW = "adamw"
-    MUON = "muon"  # Muon on block matrices, AdamW on embedding and head (FLT recipe)
-
-
-class WeightDecay(enum.Enum):
-    COUPLED = "coupled"  # decay scaled by the LR (optax.adamw); under muP by the base LR, as MuAdamW
-    INDEPENDENT = "independent"  # decay not scaled by the LR schedule peak
-
-
-class DataSource(enum.Enum):
-    PERMUTATION = "permutation"
-    TEXT = "text"
-    TFDS = "tfds"
-
-
-class Tokenizer(enum.Enum):
-    BYTE = "byte"
-    SENTENCEPIECE = "sentencepiece"
+# Every enum a field is annotated with; `typing.get_type_hints` (validate.py) resolves the
+# annotations in this module's namespace.
+from loopscale.config.enums import (
+    Cooldown,
+    DataSource,
+    DType,
+    FFNKind,
+    FlopConvention,
+    InitDist,
+    Injection,
+    LossLoops,
+    MLPKind,
+    MoEDispatch,
+    Optimizer,
+    Param,
+    Remat,
+    Schedule,
+    Tokenizer,
+    WeightDecay,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,121 +231,3 @@ HOST_ONLY_TRAIN = ("steps", "schedule", "warmup_steps", "decay_frac", "cooldown"
                    "loop_choices", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                    "keep_checkpoints", "keep_steps", "branch_from", "branch_step",
                    "loop_grad_every", "log_act_grads", "peak_flops")
-
-
-def _coerce(value: Any, typ: Any, where: str) -> Any:
-    """Converts one ConfigDict value to the dataclass field's type, or says what is wrong."""
-    if isinstance(typ, type) and issubclass(typ, enum.Enum):
-        if isinstance(value, typ):
-            return value
-        allowed = ", ".join(m.value for m in typ)
-        try:
-            return typ(value)
-        except ValueError:
-            raise UsageError(f"{where}={value!r} is not one of: {allowed}") from None
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        raise UsageError(f"{where}={value!r} must be true or false")
-    if typ is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise UsageError(f"{where}={value!r} must be an integer")
-        return value
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{where}={value!r} must be a number")
-        return float(value)
-    if typ is str:
-        if not isinstance(value, str):
-            raise UsageError(f"{where}={value!r} must be a string")
-        return value
-    if typ is tuple:
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        raise UsageError(f"{where}={value!r} must be a tuple")
-    raise TypeError(f"no coercion for {typ}")  # a bug in this module, not user input
-
-
-def _build(cls: type, section: Any, where: str) -> Any:
-    if not isinstance(section, (ml_collections.ConfigDict, dict)):
-        raise UsageError(f"config section {where} is missing or not a dict")
-    data = dict(section)
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    prefix = f"{where}." if where else ""
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise UsageError(f"unknown config field {prefix}{unknown[0]}")
-    missing = sorted(fields - set(data))
-    if missing:
-        raise UsageError(f"config field {prefix}{missing[0]} is missing")
-    kwargs = {}
-    for name in fields:
-        typ = hints[name]
-        sub = prefix + name
-        if dataclasses.is_dataclass(typ):
-            kwargs[name] = _build(typ, data[name], sub)
-        else:
-            kwargs[name] = _coerce(data[name], typ, sub)
-    return cls(**kwargs)
-
-
-def _check_model(m: ModelConfig) -> None:
-    positive = ["vocab_size", "d_model", "n_heads", "n_unique", "n_loops", "base_d_model"]
-    for name in positive:
-        if getattr(m, name) < 1:
-            raise UsageError(f"model.{name}={getattr(m, name)} must be at least 1")
-    if m.head_dim == 0 and m.d_model % m.n_heads:
-        raise UsageError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    if m.d_head % 2:
-        raise UsageError(f"head size {m.d_head} must be even for rotary positions")
-    if m.ffn is FFNKind.MOE and not 1 <= m.top_k <= m.n_experts:
-        raise UsageError(f"model.top_k={m.top_k} must be between 1 and model.n_experts={m.n_experts}")
-    if m.capacity_factor <= 0:
-        raise UsageError(f"model.capacity_factor={m.capacity_factor} must be positive")
-    if m.logit_softcap < 0:
-        raise UsageError(f"model.logit_softcap={m.logit_softcap} must be 0 (off) or positive")
-    for f in dataclasses.fields(InitConfig):
-        if getattr(m.init, f.name).std < 0:
-            raise UsageError(f"model.init.{f.name}.std={getattr(m.init, f.name).std} must be 0 "
-                             f"(model.init_std) or positive")
-
-
-def parse_model(section: Any) -> ModelConfig:
-    model = _build(ModelConfig, section, "model")
-    _check_model(model)
-    return model
-
-
-def parse(cfg: ml_collections.ConfigDict) -> Config:
-    """Validates a whole experiment ConfigDict into a `Config` (raises UsageError)."""
-    config = _build(Config, cfg, "")
-    _check_model(config.model)
-    t = config.train
-    for name in ["steps", "batch_size", "seq_len", "grad_accum"]:
-        if getattr(t, name) < 1:
-            raise UsageError(f"train.{name}={getattr(t, name)} must be at least 1")
-    if t.batch_size % t.grad_accum:
-        raise UsageError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum")
-    if t.optimizer is Optimizer.MUON and t.weight_decay and t.weight_decay_mode is WeightDecay.INDEPENDENT:
-        raise UsageError("train.weight_decay_mode=independent is not available with "
-                         "train.optimizer=muon (optax's Muon couples decay to the LR)")
-    if t.optimizer is Optimizer.MUON and config.model.param is not Param.SP:
-        # muP's LR factors are Adam's rules (entrywise-normalised updates); Muon's orthogonalised
-        # update sets its own width scaling, so muP's init and forward multipliers without them,
-        # or with them, is an untested mixture. The FLT recipe is Muon with sp.
-        raise UsageError(f"train.optimizer=muon needs model.param=sp (got "
-                         f"{config.model.param.value}): muP's LR multipliers are Adam's rules")
-    if any(not isinstance(k, int) or k < 1 for k in t.loop_choices):
-        raise UsageError(f"train.loop_choices={t.loop_choices} must be positive integers")
-    if any(not isinstance(k, int) or not 1 <= k <= t.steps for k in t.keep_steps):
-        raise UsageError(f"train.keep_steps={t.keep_steps} must be steps between 1 and "
-                         f"train.steps={t.steps}")
-    if t.branch_from and not 1 <= t.branch_step < t.steps:
-        raise UsageError(f"train.branch_step={t.branch_step} must be between 1 and "
-                         f"train.steps={t.steps} - 1 for a branch (train.branch_from)")
-    return config
-
-

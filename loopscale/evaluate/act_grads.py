@@ -26,12 +26,12 @@ import numpy as np
 from loopscale.config import DataSource
 from loopscale.config.schema import TrainConfig
 from loopscale.data import permutation
-from loopscale.evaluate.lm import summed_over_micro_batches
+from loopscale.train.eval_loss import summed_over_micro_batches
 from loopscale.model import LoopedLM
 from loopscale.train.step import act_grad_norms
 
 if TYPE_CHECKING:
-    from loopscale.evaluate.measures import Loaded
+    from loopscale.evaluate.loaded import Loaded
 
 NORM = ("L2 norm of dL/dx over the whole (B, T, D) tensor of one micro-batch (the FLT "
         "authors' per-loop block-output gradient), L its own mean training objective; mean "

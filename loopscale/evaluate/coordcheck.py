@@ -176,14 +176,28 @@ def _coordinates(cfg: ModelConfig, params, tokens_BxT, outputs, intermediates) -
     return coords
 
 
-@functools.lru_cache(maxsize=16)
+# The MoE auxiliary losses' weights are arguments of the compiled check, not constants in it:
+# checks that differ only in them (the study's weights beside none) share one compile.
+TRACED_WEIGHTS = ("lb_loss_weight", "router_z_weight")
+
+
 def _compiled_check(cfg: ModelConfig, settings: Settings):
-    """The jitted check of one width: seeds -> {name: (seeds, steps + 1)}. Cached, so repeated
+    """The check of one width: seeds -> {name: (seeds, steps + 1)}, compiled once per model and
+    settings but for the traced loss weights (`_check_program`)."""
+    program = _check_program(cfg, dataclasses.replace(settings, **dict.fromkeys(TRACED_WEIGHTS,
+                                                                                 0.0)))
+    weights = jnp.asarray([getattr(settings, w) for w in TRACED_WEIGHTS], jnp.float32)
+    return lambda seeds: program(seeds, weights)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_program(cfg: ModelConfig, settings: Settings):
+    """The jitted check: (seeds, TRACED_WEIGHTS' values) -> coordinates. Cached, so repeated
     checks of the same model and settings (tests, a second command in one process) reuse it."""
     model = LoopedLM(cfg, collect_layers=True)
     tx = adam_with_mup(settings.lr, cfg, b1=settings.b1, b2=settings.b2, eps=settings.eps)
     B, T = settings.batch_size, settings.seq_len
-    train = objective_config(settings)
+    static_train = objective_config(settings)
 
     def key(seed, stream):
         # XLA's RngBitGenerator: same numbers for a seed at every width, and it compiles in
@@ -197,7 +211,7 @@ def _compiled_check(cfg: ModelConfig, settings: Settings):
         params = nn.unbox(model.init(key(seed, 0), tokens[:, :-1])["params"])
         return params, tx.init(params)
 
-    def step(params, opt_state, tokens):
+    def step(params, opt_state, tokens, train):
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         batch = {"inputs": inputs, "targets": targets, "mask": jnp.ones_like(targets)}
 
@@ -212,12 +226,14 @@ def _compiled_check(cfg: ModelConfig, settings: Settings):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, coords
 
-    def check(seed):
+    def check(seed, weights):
         tokens = batch(seed)
         params, opt_state = init(seed, tokens)
+        # objective() multiplies the auxiliary losses by these weights: a traced scalar is as good
+        train = dataclasses.replace(static_train, **dict(zip(TRACED_WEIGHTS, weights)))
 
         def body(state, _):
-            params, opt_state, coords = step(*state, tokens)
+            params, opt_state, coords = step(*state, tokens, train)
             return (params, opt_state), coords
 
         # Step s records the forward pass of the params after s updates; the update computed
@@ -227,7 +243,7 @@ def _compiled_check(cfg: ModelConfig, settings: Settings):
 
     # One program per width (init and steps together, so each width compiles once); seeds one
     # after another inside it, so memory holds one model and its Adam state at a time.
-    return jax.jit(lambda seeds: jax.lax.map(check, seeds))
+    return jax.jit(lambda seeds, weights: jax.lax.map(lambda seed: check(seed, weights), seeds))
 
 
 def _depth_order(name: str) -> tuple:

@@ -12,14 +12,19 @@ earlier exit's.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from loopscale.config.schema import TrainConfig
-from loopscale.evaluate.lm import map_position_chunks, summed_over_micro_batches
+from loopscale.train.eval_loss import map_position_chunks, summed_over_micro_batches
 from loopscale.model import LoopedLM
 from loopscale.train.step import readout_fn
+
+if TYPE_CHECKING:
+    from loopscale.evaluate.loaded import Loaded
 
 BELOW = 0.5  # bits: the share of tokens whose exit is this close to the final distribution
 
@@ -54,3 +59,29 @@ def jsd_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
                 "weight": jnp.sum(mask_BxT)}
 
     return summed_over_micro_batches(sums, batch, train.grad_accum)
+
+
+def jsd(run: Loaded) -> dict:
+    """Per exit 1 .. K-1 (the last exit is the final distribution itself)."""
+    k = run.config.model.n_loops
+    if k < 2:
+        return {"n_loops": k, "exits": [], "mean": [], "std": [], "share_below": [],
+                "below": BELOW, "note": "one loop: no earlier exit to compare"}
+    s = run.sums(jsd_step)
+    n = max(float(s["weight"]), 1.0)
+    mean = np.asarray(s["js_sum"]) / n
+    std = np.sqrt(np.maximum(np.asarray(s["js_sq_sum"]) / n - mean ** 2, 0.0))
+    return {"n_loops": k, "exits": list(range(1, k)), "mean": mean.tolist(), "std": std.tolist(),
+            "share_below": (np.asarray(s["below"]) / n).tolist(), "below": BELOW,
+            "tokens": float(s["weight"]), "mean_first_exit": float(mean[0])}
+
+
+def plot_jsd(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    if result["exits"]:
+        ax.errorbar(result["exits"], result["mean"], yerr=result["std"], marker="o", capsize=3)
+    ax.set(xlabel="loop exit", ylabel="JSD to the final exit (bits)", ylim=(0, 1), title=title)
+    fig.tight_layout()
+    return fig

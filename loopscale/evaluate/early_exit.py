@@ -35,17 +35,23 @@ and `train.ce_chunk` positions at a time), so it runs at paper scale on the run'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from loopscale.config.schema import FlopConvention, ModelConfig, TrainConfig
-from loopscale.evaluate.lm import map_position_chunks, summed_over_micro_batches
+from loopscale.train.eval_loss import map_position_chunks, summed_over_micro_batches
+from loopscale.errors import UsageError
 from loopscale.flops import flops_per_token
 from loopscale.model import LoopedLM
 from loopscale.train.step import readout_fn
+
+if TYPE_CHECKING:
+    from loopscale.evaluate.loaded import Loaded
 
 N_TAU = 161  # grid points; the study sweeps tau without saying how finely
 SAVED_TARGETS = (5, 10, 20, 30)  # percent of forward FLOPs saved: the study's Table 7 columns
@@ -198,3 +204,19 @@ def plot(result: dict, title: str):
            title=title)
     fig.tight_layout()
     return fig
+
+
+def early_exit(run: Loaded) -> dict:
+    """Entropy-threshold early exit at the trained loop count (early_exit.py)."""
+    c = run.config
+    cands = Candidates.of(c.model, c.model.n_loops)
+    if len(cands.uses) < 2:
+        raise UsageError(f"--what=early_exit needs a looped model or more than one layer; "
+                         f"{c.name} has one layer and one loop")
+    sample = run.sums(entropy_step, max_batches=1)
+    taus = tau_grid(c.model.vocab_size, np.asarray(sample["entropy"])[
+        :, np.asarray(sample["mask"], bool)])
+    sums = run.sums(functools.partial(exit_step, taus=jnp.asarray(taus, jnp.float32)))
+    layer_use, forward = layer_use_flops(c.model, c.train.seq_len, c.flop_convention)
+    check = 2.0 * c.model.d_model * c.model.vocab_size
+    return summarise(sums, taus, cands, layer_use, forward, check)

@@ -23,7 +23,7 @@ from loopscale.model import LoopedLM
 from loopscale.train.step import readout_fn
 
 if TYPE_CHECKING:
-    from loopscale.evaluate.measures import Loaded
+    from loopscale.evaluate.loaded import Loaded
 
 
 def decode(params, stream_xBxD: jax.Array, model: LoopedLM) -> jax.Array:

@@ -31,7 +31,7 @@ from loopscale.evaluate.mc_score import Request, Scores, loglikelihoods, run_tok
 from loopscale.evaluate.mc_tasks import Formulation, Task, context, continuations, load_tasks
 
 if TYPE_CHECKING:
-    from loopscale.evaluate.measures import Loaded
+    from loopscale.evaluate.loaded import Loaded
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000

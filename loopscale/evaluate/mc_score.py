@@ -31,7 +31,7 @@ from loopscale.data.tokenizer import ByteTokenizer, TextTokenizer
 from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
 from loopscale.model.loss import token_losses
-from loopscale.train import mesh as mesh_lib
+from loopscale.parallel import mesh as mesh_lib
 from loopscale.train.step import micro_batches, readout_fn
 
 _CORPORA = {DataSource.TEXT: text.text_corpus, DataSource.TFDS: tfds_source.tfds_corpus}

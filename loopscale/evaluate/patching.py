@@ -44,7 +44,7 @@ from loopscale.model import LoopedLM, StreamEdit
 from loopscale.train.step import readout_fn
 
 if TYPE_CHECKING:
-    from loopscale.evaluate.measures import Loaded
+    from loopscale.evaluate.loaded import Loaded
 
 # Bytes of patch edits (one (K, L, B, T, D) float32 `add` per lane) held at once.
 EDIT_BYTES = 1 << 28

@@ -24,10 +24,10 @@ import numpy as np
 from loopscale.errors import UsageError
 from loopscale.evaluate import ladder, lens, probe_fit
 from loopscale.model import LoopedLM
-from loopscale.train import mesh as mesh_lib
+from loopscale.parallel import mesh as mesh_lib
 
 if TYPE_CHECKING:
-    from loopscale.evaluate.measures import Loaded
+    from loopscale.evaluate.loaded import Loaded
 
 SETTINGS = probe_fit.ProbeSettings()
 FIELDS = ("hop_labels", "hop_mask", "start", "answer")  # what probes and lens read of a batch

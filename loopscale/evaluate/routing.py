@@ -10,12 +10,19 @@ comparison averaged over layers on training batches.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from loopscale.config.schema import TrainConfig
+from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
-from loopscale.train.step import micro_batches
+from loopscale.train.eval_loss import summed_over_micro_batches
+
+if TYPE_CHECKING:
+    from loopscale.evaluate.loaded import Loaded
 
 
 def routing_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
@@ -40,7 +47,44 @@ def routing_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops:
             "weight": jnp.sum(mask),
         }
 
-    if train.grad_accum == 1:
-        return sums(batch)
-    parts = jax.lax.map(sums, micro_batches(batch, train.grad_accum))
-    return jax.tree.map(lambda x: jnp.sum(x, axis=0), parts)
+    return summed_over_micro_batches(sums, batch, train.grad_accum)
+
+
+def routing(run: Loaded) -> dict:
+    """Per physical layer, consecutive loop passes compared (a model without loops has no pair
+    to compare: refused, rather than reporting shares of zero pairs)."""
+    m = run.config.model
+    if m.ffn.value != "moe":
+        raise UsageError(f"--what=routing needs an MoE model; {run.config.name} has "
+                         f"model.ffn={m.ffn.value}")
+    if m.n_loops < 2:
+        raise UsageError(f"--what=routing compares a token's experts across loop passes; "
+                         f"{run.config.name} has model.n_loops={m.n_loops}")
+    s = run.sums(routing_step)
+    pairs = np.maximum(np.asarray(s["pairs"]), 1.0)
+    identical, disjoint = np.asarray(s["identical"]) / pairs, np.asarray(s["disjoint"]) / pairs
+    load = np.asarray(s["load"])  # (K, L, E)
+    share = load / np.maximum(load.sum(-1, keepdims=True), 1.0)
+    unique = np.asarray(s["unique_sum"]) / max(float(s["weight"]), 1.0)
+    return {"n_loops": m.n_loops, "layers": list(range(1, m.n_unique + 1)), "top_k": m.top_k,
+            "identical": identical.tolist(), "partial": (1 - identical - disjoint).tolist(),
+            "disjoint": disjoint.tolist(), "unique_experts": unique.tolist(),
+            "load_per_pass": share.tolist(), "tokens": float(s["weight"]),
+            "identical_mean": float(identical.mean()), "disjoint_mean": float(disjoint.mean()),
+            "unique_experts_mean": float(unique.mean())}
+
+
+def plot_routing(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    layers = np.asarray(result["layers"])
+    bottom = np.zeros(len(layers))
+    for key in ("identical", "partial", "disjoint"):
+        ax.bar(layers, result[key], bottom=bottom, label=key)
+        bottom += np.asarray(result[key])
+    ax.set(xlabel="physical layer", ylabel="share of tokens, consecutive passes", ylim=(0, 1),
+           title=title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig

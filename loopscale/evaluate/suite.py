@@ -19,11 +19,12 @@ import jax
 
 from loopscale.errors import UsageError
 from loopscale.evaluate import held_out
-from loopscale.evaluate.measures import INPUTS, MEASURES, READS_HELD_OUT, Loaded, Measure
+from loopscale.evaluate.loaded import Loaded
+from loopscale.evaluate.measures import INPUTS, MEASURES, READS_HELD_OUT, Measure
 from loopscale.files import read_json, write_atomic, write_json
 from loopscale.rundir.load import load_run
 from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_config
-from loopscale.train.mesh import make_mesh
+from loopscale.parallel.mesh import make_mesh
 
 
 def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:

@@ -1,7 +1,7 @@
 """The mesh axes and the rules that map the model's logical axis names onto them.
 
 They live with the model (which names the axes, and whose dropless MoE shards over the batch
-axes) and are read by the trainer (train/mesh.py builds the mesh and puts the rules in context).
+axes) and are read by the trainer (parallel/mesh.py builds the mesh and puts the rules in context).
 """
 
 AXES = ("data", "fsdp", "tensor", "expert")

@@ -21,7 +21,7 @@ from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
 from loopscale.rundir import checkpoint
 from loopscale.rundir.run import CHECKPOINTS, checkpoint_steps, read_config
-from loopscale.train import mesh as mesh_lib
+from loopscale.parallel import mesh as mesh_lib
 
 
 def abstract_params(config: Config, mesh: Mesh):

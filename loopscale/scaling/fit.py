@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from loopscale.errors import UsageError
 from loopscale.scaling import FitError
 from loopscale.scaling import compare as cmp
 from loopscale.scaling import isoflop as iso
@@ -218,6 +219,17 @@ def to_json(result: FitResult) -> dict[str, Any]:
         "warnings": list(result.warnings),
     }
     return _clean(doc)
+
+
+def fit_document(result: FitResult, source: str) -> dict[str, Any]:
+    """fit.json's document (`to_json`), or UsageError when no family got any fit at all (too
+    few budgets, sizes or runs): a table that cannot be fitted is bad input, not a result.
+    `source` names the table in that message."""
+    doc = to_json(result)
+    fits = [fam[kind] for fam in doc["families"].values() for kind in ("isoflop", "parametric")]
+    if fits and all(f["skipped"] for f in fits):
+        raise UsageError(f"{source}: nothing could be fitted ({doc['warnings'][-1]})")
+    return doc
 
 
 def _with_ci(figures: dict[str, float], boot: Bootstrap | None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 from collections.abc import Iterable, Sequence
 
 from etils import epath
@@ -150,3 +151,42 @@ def status_counts(rows: Iterable[dict]) -> dict[str, int]:
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     return counts
+
+
+def summary_line(rows: Sequence[dict], out: str) -> str:
+    """What `loopscale collect` says once it has written `rows` to `out`."""
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(status_counts(rows).items()))
+    return f"wrote {out}: {len(rows)} runs ({counts or 'none'})"
+
+
+TABLE_NAMES = ("results.csv", "results.parquet")
+
+
+def find_table(source: str) -> str:
+    """The table to read: `source` itself, or the results table inside a directory."""
+    if not os.path.isdir(source):
+        if not os.path.exists(source):
+            raise UsageError(f"no such table or directory: {source}")
+        return source
+    for name in TABLE_NAMES:
+        path = os.path.join(source, name)
+        if os.path.isfile(path):
+            return path
+    raise UsageError(f"{source} is neither a sweep directory (plan.csv, runs/) nor a directory "
+                     "holding results.csv (or results.parquet)")
+
+
+def results_table(source: str, columns):
+    """The results table (scaling/table.py) of a sweep directory, its runs read now, or of a
+    table file, or of the results table inside a directory (`loopscale report`'s input)."""
+    import pandas as pd
+
+    from loopscale.scaling.table import prepare_table, read_table
+
+    if not is_sweep_dir(source):
+        return read_table(find_table(source), columns)
+    rows = collect_dir(source)
+    if not rows:
+        raise UsageError(f"{source}: the sweep directory holds no runs yet")
+    frame = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))  # the columns collect writes
+    return prepare_table(frame, columns, source=os.path.basename(os.path.abspath(source)))

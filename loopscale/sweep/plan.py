@@ -34,6 +34,7 @@ from loopscale import flops as flops_lib
 from loopscale.config import Config, Schedule, load_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import to_json
+from loopscale.job import TrainJob
 from loopscale.sweep.schema import Family, Overrides, ShapeKind, Sweep
 from loopscale.train.schedules import stable_end
 
@@ -68,15 +69,16 @@ class PlannedRun:
     row: dict  # the plan table's row
     measure: tuple[str, ...] = ()  # `loopscale eval` measurements once it completes
 
-    def config_args(self) -> list[str]:
-        """`--config=...` and its overrides: the arguments of `loopscale train`, less workdir."""
-        return [f"--config={self.experiment}",
-                *(f"--config.{k}={format_value(v)}" for k, v in self.overrides)]
+    def job(self, rundir: str) -> TrainJob:
+        """This run trained in `rundir`: what every launcher runs, as a warm worker's request
+        or as the arguments of `loopscale train` (`train_args`)."""
+        return TrainJob(self.experiment, rundir,
+                        tuple(f"--config.{k}={format_value(v)}" for k, v in self.overrides),
+                        ",".join(self.measure))
 
     def train_args(self, rundir: str) -> list[str]:
         """The arguments of `loopscale train` for this run in `rundir` (every launcher's)."""
-        evals = [f"--eval={','.join(self.measure)}"] if self.measure else []
-        return [*self.config_args(), f"--workdir={rundir}", *evals]
+        return self.job(rundir).argv()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,6 +284,17 @@ def parse_config_overrides(args: Sequence[str]) -> Overrides:
             raise UsageError(f"{arg}: overrides are --config.a.b=value")
         out.append((key, value))
     return tuple(out)
+
+
+def plan_file(spec: str, overrides: Sequence[str] = (), peak_flops: float | None = None,
+              mfu: float | None = None) -> Plan:
+    """The plan of the sweep file `spec` (sweeps/NAME.py[:ARG]): its `--sweep.a.b=v` overrides
+    applied to the sweep, its `--config.a.b=v` ones to every run (`loopscale plan` and `sweep`
+    take both kinds on one command line)."""
+    from loopscale.sweep import load_sweep
+
+    config = parse_config_overrides([o for o in overrides if o.startswith("--config.")])
+    return plan(load_sweep(spec, overrides), peak_flops, mfu, config)
 
 
 def plan(sweep: Sweep, peak_flops: float | None = None, mfu: float | None = None,

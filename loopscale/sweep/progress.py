@@ -1,21 +1,18 @@
 """The local runner's report: a progress bar over the sweep's planned FLOPs, or one line per
-finished run without a terminal (runner.py calls it)."""
+finished run without a terminal. runner.py calls it with planned runs and their outcomes; it
+knows nothing of the runner's processes."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Sequence
 
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import last_metrics_row, read_summary
 from loopscale.rundir.status import LaunchOutcome, RunStatus
 from loopscale.sweep.plan import PlannedRun
-
-if TYPE_CHECKING:
-    from loopscale.sweep.runner import Outcome, _Active
 
 
 class Progress:
@@ -40,14 +37,16 @@ class Progress:
         row = run.row
         return float(row.get("flops_spent") or row.get("flops") or 0.0) or 1.0
 
-    def start(self, runs: Sequence[PlannedRun], outcome: Outcome) -> None:
+    def start(self, runs: Sequence[PlannedRun], done: Collection[str],
+              failed: Collection[str]) -> None:
+        """The sweep as the runner found it: the run ids already `done` and given up."""
         self.n_total = len(runs)
         self.total = sum(self._flops(r) for r in runs)
         self.finished_flops = sum(self._flops(r) for r in runs
-                                  if r.run_id in outcome.done or r.run_id in outcome.failed)
+                                  if r.run_id in done or r.run_id in failed)
         self.start_flops = self.finished_flops
-        self.counts["done"] = len(outcome.done)
-        self.counts["failed"] = len(outcome.failed)
+        self.counts["done"] = len(done)
+        self.counts["failed"] = len(failed)
         if self.bar_enabled:
             from tqdm import tqdm
 
@@ -103,17 +102,17 @@ class Progress:
         eta = (time.time() - self.t0) * left / gained
         return f" eta {_duration(eta)}"
 
-    def tick(self, active: list[_Active], workdir: str) -> None:
+    def tick(self, running: Sequence[PlannedRun], workdir: str) -> None:
         if not self.bar:
             return
         partial = 0.0
-        for a in active:
-            row = last_metrics_row(rundirs.run_dir(workdir, a.run.run_id))
-            steps = a.run.config.train.steps
+        for run in running:
+            row = last_metrics_row(rundirs.run_dir(workdir, run.run_id))
+            steps = run.config.train.steps
             if row and steps:
-                partial += self._flops(a.run) * min(1.0, row.get("step", 0) / steps)
+                partial += self._flops(run) * min(1.0, row.get("step", 0) / steps)
         self.bar.n = min(self.total, self.finished_flops + partial)
-        self._postfix(len(active))
+        self._postfix(len(running))
         self.bar.refresh()
 
     def _postfix(self, running: int) -> None:
@@ -126,7 +125,7 @@ class Progress:
         else:
             print(text, file=self.stream, flush=True)
 
-    def close(self, outcome: Outcome) -> None:
+    def close(self) -> None:
         if self.bar:
             self.bar.close()
 

@@ -3,13 +3,14 @@
 A run in a fresh process pays the interpreter's start, JAX's import and backend start, and the
 tracing and compiling of its steps (the persistent cache saves only the XLA compile); at the
 CPU demo's scale that is most of a run. A worker pays them once per slot and keeps each step
-shape's compiled functions (train/trainer.py `_shared`), so the next run of that shape starts
+shape's compiled functions (train/sharded_state.py `_shared`), so the next run of that shape starts
 training at once.
 
-Protocol (runner.py is the other side): one JSON request per line on stdin,
-`{"argv": [...train arguments...], "rundir": DIR, "log": FILE}`; one JSON reply per request on
-the file descriptor named by `--reply-fd`, `{"rc": CODE}` or `{"locked": true}`. End of stdin
-ends the worker.
+Protocol (processes.py is the other side): one JSON request per line on stdin,
+`{"job": {...loopscale/job.py TrainJob fields...}, "rundir": DIR, "log": FILE}`; one JSON reply
+per request on the file descriptor named by `--reply-fd`, `{"rc": CODE}` or `{"locked": true}`.
+End of stdin ends the worker. A job runs as `loopscale train` runs it (the same library call,
+job.run), and bad input is the same one line on the run's log and exit code 2.
 
 Isolation, as with one process per run:
 - the worker holds the run's run.lock while it trains it (an orphaned worker still guards its
@@ -32,6 +33,8 @@ import sys
 import traceback
 from collections.abc import Iterator
 
+from loopscale import job as jobs
+from loopscale.errors import UsageError
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.status import ExitCode
 
@@ -58,20 +61,21 @@ def _output_to(path: str) -> Iterator[None]:
             os.close(f)
 
 
-def train_one(argv: list[str], rundir: str, log: str) -> dict:
+def train_one(job: jobs.TrainJob, rundir: str, log: str) -> dict:
     """Trains one run in this process; the reply to send."""
-    from loopscale import cli
-
     lock = rundirs.try_lock_run(rundir)
     if lock is None:
         return {"locked": True}
     try:
         with _output_to(log):
             try:
-                rc = cli.main(argv)
+                rc = jobs.run(job)
+            except UsageError as e:  # as `loopscale train` says it
+                sys.stderr.write(f"loopscale train: error: {e}\n")
+                rc = ExitCode.USAGE
             except SystemExit as e:
                 rc = e.code if isinstance(e.code, int) else ExitCode.FAILED
-            except BaseException:  # a bug below cli.main: its traceback to the run's log
+            except BaseException:  # a bug below the job: its traceback to the run's log
                 traceback.print_exc()
                 rc = ExitCode.FAILED
     finally:
@@ -83,9 +87,13 @@ def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loopscale.sweep.worker")
     parser.add_argument("--reply-fd", type=int, required=True)
     reply_fd = parser.parse_args(args).reply_fd
+    from loopscale.aot.topology import quiet_libtpu
+
+    quiet_libtpu()  # before JAX starts a backend, as the command line does
     for line in sys.stdin:
         request = json.loads(line)
-        reply = train_one(request["argv"], request["rundir"], request["log"])
+        job = jobs.TrainJob(**{**request["job"], "overrides": tuple(request["job"]["overrides"])})
+        reply = train_one(job, request["rundir"], request["log"])
         os.write(reply_fd, (json.dumps(reply) + "\n").encode())
         if reply.get("rc", ExitCode.OK) not in KEEP_GOING:
             return 0  # a fresh worker for the next run (see the module docstring)

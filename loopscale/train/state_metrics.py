@@ -5,7 +5,7 @@ models), the activation-gradient norms (`act_grad_norm`, on logged rows when
 shortcut's at every evaluation.
 
 Each is its own jitted function, kept in the run's compiled-function cache (`compiled`, shared
-by every run of the step shape in a process, trainer._shared), so the train step the
+by every run of the step shape in a process, sharded_state._shared), so the train step the
 trainer compiles is the same whether they are on or off.
 """
 
@@ -17,9 +17,9 @@ import jax
 import numpy as np
 
 from loopscale.config import Config
-from loopscale.evaluate.answers import answer_sums
+from loopscale.train.answers import answer_sums
 from loopscale.model import LoopedLM
-from loopscale.train import mesh as mesh_lib
+from loopscale.parallel import mesh as mesh_lib
 from loopscale.train.step import act_grad_norms, loop_grad_norms, micro_batches
 
 

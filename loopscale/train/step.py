@@ -2,7 +2,7 @@
 
 `train_step` is jitted once per loop count (trainer.py) with explicit shardings and the state
 donated. Everything static (model, optimiser, config) is bound with functools.partial. The
-held-out evaluation step lives with the other evaluators (evaluate/lm.py).
+held-out evaluation step that the trainer runs is train/eval_loss.py.
 """
 
 from __future__ import annotations

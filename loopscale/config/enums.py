@@ -1,0 +1,117 @@
+"""The enums of the configuration: every field that takes one of a few named values (an FFN
+kind, an injection, a schedule, ...). `parse` (validate.py) turns the ConfigDict's strings into
+them when the config is read, so a typo fails at start-up naming the field and the allowed
+values; the library then looks values up by member, never by string.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Injection(enum.Enum):
+    """How loop t >= 2 sees loop t-1 (PAPERS.md section 1; loop 1 is always the plain stack)."""
+
+    NONE = "none"  # original LT: x0 = h(t-1) = norm(x_L(t-1))
+    INPUT = "input"  # x0 = norm(e + h(t-1))
+    ATTN_FIRST = "attn_first"  # x0 = norm(e); layer 1 takes its queries from h(t-1)
+    FLA = "fla"  # x0 = norm(e); every layer restarts from z = norm(x + h(t-1))
+    FLT = "flt"  # x0 = norm(e); every layer takes its queries from h(t-1)
+    # Plain repetition (the sparse-layers study): the residual stream runs on unchanged, so a
+    # K-loop model is a K*L-layer model with tied weights.
+    REPEAT = "repeat"
+
+
+class FFNKind(enum.Enum):
+    DENSE = "dense"
+    MOE = "moe"
+
+
+class MLPKind(enum.Enum):
+    SWIGLU = "swiglu"
+    GELU = "gelu"
+    RELU2 = "relu2"
+
+
+class MoEDispatch(enum.Enum):
+    DROPLESS = "dropless"  # tokens sorted by expert, grouped matmul (jax.lax.ragged_dot)
+    CAPACITY = "capacity"  # one-hot dispatch/combine einsums with a per-expert capacity
+
+
+class Param(enum.Enum):
+    """Parametrisation: how init, forward multipliers and LRs depend on width (model/mup.py)."""
+
+    MUP = "mup"  # microsoft/mup rules for Adam
+    MUP_SPARSE = "mup_sparse"  # the sparse-layers study's variant: init var and LR / (d/base)
+    SP = "sp"  # standard parametrisation: nothing depends on width
+
+
+class InitDist(enum.Enum):
+    """A weight's starting distribution, given its std (model/layers.py)."""
+
+    NORMAL = "normal"
+    # Cut at 3 sigma; `std` is the untruncated normal's, as in torch's trunc_normal_ and JAX's
+    # truncated_normal (the sample's std is 0.987 x that).
+    TRUNCATED_NORMAL = "truncated_normal"
+    UNIFORM = "uniform"  # symmetric, bound sqrt(3) * std
+    ZEROS = "zeros"
+
+
+class Remat(enum.Enum):
+    NONE = "none"
+    LAYER = "layer"
+    LOOP = "loop"
+
+
+class LossLoops(enum.Enum):
+    """Which loop boundaries the LM loss is taken at (averaged over them)."""
+
+    LAST = "last"
+    ALL = "all"
+    LAST_THIRD = "last_third"
+
+
+class DType(enum.Enum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class FlopConvention(enum.Enum):
+    """What a 'FLOP' of training compute counts (flops.py). Accounting moves fitted exponents."""
+
+    KAPLAN = "6n"  # 6 * non-embedding params (per use)
+    SPARSE_STUDY = "6n_emb"  # 6 * (params per use + embedding + unembedding), no attention
+    ATTENTION = "6n_attn"  # 6N + full T x T attention matmuls
+    ATTENTION_CAUSAL = "6n_attn_causal"  # 6N + half of the attention matmuls (causal)
+
+
+class Schedule(enum.Enum):
+    CONSTANT = "constant"
+    COSINE = "cosine"  # linear warmup then cosine to min_lr_frac
+    WSD = "wsd"  # warmup, stable, decay over the last decay_frac of steps
+
+
+class Cooldown(enum.Enum):
+    LINEAR = "linear"
+    SQRT = "sqrt"
+
+
+class Optimizer(enum.Enum):
+    ADAMW = "adamw"
+    MUON = "muon"  # Muon on block matrices, AdamW on embedding and head (FLT recipe)
+
+
+class WeightDecay(enum.Enum):
+    COUPLED = "coupled"  # decay scaled by the LR (optax.adamw); under muP by the base LR, as MuAdamW
+    INDEPENDENT = "independent"  # decay not scaled by the LR schedule peak
+
+
+class DataSource(enum.Enum):
+    PERMUTATION = "permutation"
+    TEXT = "text"
+    TFDS = "tfds"
+
+
+class Tokenizer(enum.Enum):
+    BYTE = "byte"
+    SENTENCEPIECE = "sentencepiece"

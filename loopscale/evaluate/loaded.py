@@ -1,0 +1,87 @@
+"""A trained run loaded once for `loopscale eval` (`Loaded`): its config, its parameters restored
+onto the run's mesh (parameters only: rundir/load.py), and its held-out batches; and the two ways
+a measurement runs over them: the loss at every loop exit (`loss_per_exit`) and the sums of a
+jitted step over the held-out batches (`sums`).
+
+Held-out data is the run's own eval split (data/: a fixed split of the run's source that
+training never reads, `--batches` batches of it), or the text files of `--data`, evaluated in
+the train step's micro-batches on the run's mesh, so a paper-scale run evaluates where it
+trained. Every measurement module takes a `Loaded`; measures.py is their table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+
+from loopscale import data as data_lib
+from loopscale.config import Config
+from loopscale.evaluate import held_out
+from loopscale.model import LoopedLM
+from loopscale.parallel import mesh as mesh_lib
+from loopscale.train.eval_loss import evaluate, jit_eval_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A run's checkpoint, ready to evaluate."""
+
+    config: Config
+    step: int  # the checkpoint's
+    params: object
+    mesh: jax.sharding.Mesh
+    batches: int  # held-out batches of config.train.batch_size sequences
+    tasks: tuple[str, ...] = ()  # --tasks: mc's task files (none: the shipped one)
+    data: str = ""  # --data: held-out text files instead of the run's held-out split
+
+    @property
+    def model(self) -> LoopedLM:
+        return LoopedLM(self.config.model)
+
+    @property
+    def train(self):
+        return dataclasses.replace(self.config.train, eval_batches=self.batches)
+
+    def _held_out(self):
+        c = self.config
+        if self.data:
+            return held_out.dataset(c, self.train, self.data, jax.process_index(),
+                                    jax.process_count())
+        return data_lib.make_dataset(c.data, self.train, c.seed, "eval", jax.process_index(),
+                                     jax.process_count())
+
+    def _shardings(self):
+        return (jax.tree.map(lambda x: x.sharding, self.params),
+                mesh_lib.batch_sharding(self.mesh))
+
+    def loss_per_exit(self, n_loops: int) -> tuple[list[float], float]:
+        """(mean held-out loss at each loop exit, tokens scored) at `n_loops` loops."""
+        params_sharding, batch_sharding = self._shardings()
+        with mesh_lib.activate(self.mesh):
+            step = jit_eval_step(self.model, self.train, n_loops, param_shardings=params_sharding,
+                                 batch_sharding=batch_sharding)
+            out = evaluate(step, self.params, self._held_out(), batch_sharding)
+        return out["eval_loss_per_loop"], out["eval_tokens"]
+
+    def sums(self, step_fn, max_batches: int | None = None, prepare=None) -> dict:
+        """`step_fn(params, batch, model=, train=, n_loops=)`'s sums over the held-out batches
+        (the first `max_batches` of them), at the trained loop count. `prepare(i, local)`, if
+        given, returns held-out batch i's rows in this process as the step reads them (fields
+        made on the host: patching's corrupted inputs, supervision labels)."""
+        params_sharding, batch_sharding = self._shardings()
+        step = jax.jit(functools.partial(step_fn, model=self.model, train=self.train,
+                                         n_loops=self.config.model.n_loops),
+                       in_shardings=(params_sharding, batch_sharding))
+        total = None
+        with mesh_lib.activate(self.mesh):
+            for i, local in enumerate(self._held_out().iterator()):
+                if i == max_batches:
+                    break
+                if prepare is not None:
+                    local = prepare(i, local)
+                out = jax.device_get(step(self.params, mesh_lib.global_batch(local, batch_sharding)))
+                total = out if total is None else jax.tree.map(np.add, total, out)
+        return total

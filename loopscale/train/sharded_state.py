@@ -1,0 +1,113 @@
+"""A run's step shape made ready to train: the mesh, the model, the optimiser, the train
+state's shardings, the state itself (initialised already sharded, or only its shapes), and the
+jitted train step, built once per step shape in a process (`_shared`).
+
+The trainer (trainer.py) uses all of it; aot/compile.py and bench/steps.py use `setup`,
+`abstract_state`, `init_state` and `jit_train_step` to compile and time the very step the
+trainer runs. Nothing here reads a run directory or data.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from loopscale.config import Config
+from loopscale.errors import UsageError
+from loopscale.model import LoopedLM
+from loopscale.parallel import mesh as mesh_lib
+from loopscale.rundir.checkpoint import abstract_like
+from loopscale.train.optimizer import build_optimizer
+from loopscale.train.step import TrainState, train_step
+
+
+@dataclasses.dataclass
+class Setup:
+    config: Config
+    mesh: jax.sharding.Mesh
+    model: LoopedLM
+    tx: object
+    lr_factor: object  # step -> lr_t / peak (optimizer.py: the schedule lives outside tx)
+    state_shardings: object
+    batch_sharding: object
+    # The compiled functions of this step shape in this process: "init", "eval", and
+    # "train" / "loop_grad" / "act_grad" by loop count (shared by every run of the shape;
+    # _shared).
+    compiled: dict
+
+
+_MAX_SHAPES = 8
+_SHARED: collections.OrderedDict = collections.OrderedDict()
+
+
+def _shared(config: Config, mesh: jax.sharding.Mesh, build) -> tuple:
+    """(model, tx, state shardings, compiled functions) of this run's step shape, built once
+    per process: a warm sweep worker (sweep/worker.py) trains run after run, and runs of one
+    shape at other budgets, schedules or branch points then reuse the model, the optimiser
+    and every compiled function instead of tracing and compiling them again. The last
+    _MAX_SHAPES shapes are kept. Keyed by the device objects, not their ids: two TPU
+    topologies compiled for in one process number their devices alike."""
+    key = (config.step_shape, tuple(mesh.devices.flat), tuple(mesh.shape.items()))
+    if key not in _SHARED:
+        _SHARED[key] = (*build(), {})
+        while len(_SHARED) > _MAX_SHAPES:
+            _SHARED.popitem(last=False)
+    _SHARED.move_to_end(key)
+    return _SHARED[key]
+
+
+def _boxed_state_fn(model: LoopedLM, tx, seq_len: int):
+    """rng -> TrainState whose params and optimiser state carry their logical axis names."""
+    def init(rng):
+        params = model.init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return init
+
+
+def setup(config: Config, devices=None) -> Setup:
+    mesh = mesh_lib.make_mesh(config.mesh, devices)
+    dp = mesh_lib.data_parallel_size(mesh)
+    if config.train.batch_size % (dp * config.train.grad_accum):
+        raise UsageError(f"train.batch_size={config.train.batch_size} must be divisible by "
+                         f"data-parallel size {dp} x train.grad_accum={config.train.grad_accum}")
+    _, lr_factor = build_optimizer(config.train, config.model)
+
+    def build():
+        model = LoopedLM(config.model)
+        tx, _ = build_optimizer(config.train, config.model)
+        abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len),
+                                  jax.random.PRNGKey(0))
+        shardings = mesh_lib.logical_shardings(abstract, mesh)
+        mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
+        return model, tx, shardings
+
+    model, tx, shardings, compiled = _shared(config, mesh, build)
+    return Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh),
+                 compiled)
+
+
+def init_state(s: Setup):
+    if "init" not in s.compiled:
+        init = _boxed_state_fn(s.model, s.tx, s.config.train.seq_len)
+        s.compiled["init"] = jax.jit(lambda rng: nn.unbox(init(rng)),
+                                     out_shardings=s.state_shardings)
+    return s.compiled["init"](jax.random.PRNGKey(s.config.seed))
+
+
+def abstract_state(s: Setup):
+    """The train state's shapes, dtypes and shardings, allocating nothing."""
+    return abstract_like(jax.eval_shape(lambda: init_state(s)), s.state_shardings)
+
+
+def jit_train_step(s: Setup, n_loops: int):
+    """The train step as it runs: explicit shardings, the state donated (one per loop count)."""
+    step = functools.partial(train_step, model=s.model, tx=s.tx, train=s.config.train,
+                             n_loops=n_loops)
+    return jax.jit(step, in_shardings=(s.state_shardings, s.batch_sharding,
+                                       mesh_lib.replicated(s.mesh)),
+                   out_shardings=(s.state_shardings, None), donate_argnums=0)

@@ -1,0 +1,163 @@
+"""What the host records of each train step it reads: the row (the step's own metrics, with the
+learning rate, tokens, training FLOPs so far, step time, tokens/s, MFU and gradient oscillation
+added on the host), the metrics log and progress bar it goes to, and the host-side watch that
+rows and batches feed (divergence, gradient oscillation, unigram entropy), resumed from the
+rows a checkpoint has seen. The loop that reads the steps is trainer.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Iterable
+
+import jax
+import numpy as np
+
+from loopscale import flops as flops_lib
+from loopscale.config import Config
+from loopscale.rundir.run import RunDirectory
+from loopscale.train import diagnostics
+from loopscale.train.peak import device_peak_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A dispatched train step whose metrics the host has not read yet."""
+
+    done: int  # the step count once it has run
+    metrics: dict
+    n_loops: int
+    lr_factor: float
+    dispatched: float  # time.time() when it was dispatched
+
+
+def _host_row(metrics: dict) -> dict:
+    return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
+            for k, v in jax.device_get(metrics).items()}
+
+
+class Throughput:
+    """The fields of a row that the host counts or times: lr, tokens, training FLOPs so far,
+    step time, tokens/s and MFU."""
+
+    def __init__(self, config: Config, accounting: dict, past_loops: Iterable[int]):
+        """`past_loops`: the loop count of every step before the run's start."""
+        self.config, self.train = config, config.train
+        self.tokens_per_step = self.train.batch_size * self.train.seq_len
+        # MFU counts model FLOPs (6N per use + full attention matmuls), not recomputation or waste.
+        self.model_flops_per_token = accounting["flops_per_token_by_convention"]["6n_attn"]
+        self.peak = self.train.peak_flops or device_peak_flops()
+        self._flops_per_token: dict[int, float] = {}
+        # Training compute spent so far, recomputed from the steps (the loop count of each step
+        # is a function of seed and step), so it does not depend on which rows were logged.
+        self.flops_done = sum(self.train_flops_per_token(n) for n in past_loops) \
+            * self.tokens_per_step
+        self.last_read = time.time()
+
+    def train_flops_per_token(self, n_loops: int) -> float:
+        if n_loops not in self._flops_per_token:
+            model = dataclasses.replace(self.config.model, n_loops=n_loops)
+            self._flops_per_token[n_loops] = flops_lib.flops_per_token(
+                model, self.train.seq_len, self.config.flop_convention)
+        return self._flops_per_token[n_loops]
+
+    def restart(self) -> None:
+        """The host's wait so far (a compile) is no step's time."""
+        self.last_read = time.time()
+
+    def fields(self, p: Pending) -> dict:
+        """Step p's fields, taken once its metrics are on the host."""
+        now = time.time()
+        dt = now - max(p.dispatched, self.last_read)  # from when it could start to when it was read
+        self.last_read = now
+        self.flops_done += self.train_flops_per_token(p.n_loops) * self.tokens_per_step
+        tokens = self.tokens_per_step
+        return dict(step=p.done, n_loops=p.n_loops, lr=self.train.lr * float(p.lr_factor),
+                    tokens=p.done * tokens, flops=self.flops_done, step_time_s=dt,
+                    tokens_per_s=tokens / dt,
+                    mfu=self.model_flops_per_token * tokens / dt / self.peak)
+
+
+class Health:
+    """The host-side watch over a run: the divergence rule (it stops the run), gradient
+    oscillation (logged) and the unigram entropy of the training targets (the collapse rule's
+    plateau), resumed over the rows and unigram counts a checkpoint has seen."""
+
+    def __init__(self, config: Config, data_vocab: int, counts, rows: list[dict]):
+        vocab = max(config.model.vocab_size, data_vocab)
+        self.divergence = diagnostics.DivergenceRule(
+            ceiling=diagnostics.DivergenceRule.ceiling_for(vocab))
+        self.oscillation = diagnostics.GradientOscillation()
+        self.unigram = diagnostics.UnigramEntropy(vocab)
+        # Counts of the steps before the start come from the checkpoint; a checkpoint written
+        # before they were kept leaves the entropy unknown (None) rather than wrong.
+        self.unigram_known = counts is not None and len(counts) in (0, vocab)
+        if self.unigram_known and len(counts):
+            self.unigram.counts[:] = counts
+        for row in rows:  # replay host-side trackers over the kept history
+            if "grad_norm" in row:
+                self.oscillation.update(row["grad_norm"])
+                self.divergence.check(diagnostics.watched_loss(row))
+
+    def entropy(self) -> float | None:
+        return self.unigram.value() if self.unigram_known else None
+
+
+class StepLog:
+    """The run's rows: those kept from before the start, then one per train step read and one
+    per evaluation. Train rows go to the run directory every train.log_every steps and at the
+    last step, evaluations always; on a terminal, process 0 also shows a progress bar. A
+    context manager: leaving it closes the bar."""
+
+    def __init__(self, run: RunDirectory, rows: list[dict], config: Config,
+                 throughput: Throughput, health: Health, start: int):
+        self.run, self.rows, self.train = run, rows, config.train
+        self.throughput, self.health = throughput, health
+        self.start = self.done = start  # done: the step count of the last step read
+        self.progress = None
+        if jax.process_index() == 0 and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.progress = tqdm(total=self.train.steps, initial=start, desc=config.name,
+                                 unit="step")
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress:
+            self.progress.close()
+
+    def read(self, p: Pending, extra: dict) -> str | None:
+        """Waits for step p, logs its row; returns why the run diverged, if it did."""
+        row = _host_row(p.metrics)
+        row.update(**self.throughput.fields(p),
+                   **self.health.oscillation.update(row["grad_norm"]), **extra)
+        self.done = p.done
+        self.rows.append(row)
+        if p.done % self.train.log_every == 0 or p.done == self.train.steps:
+            self.run.log(row)
+        if self.progress:
+            self.progress.update(1)
+            self.progress.set_postfix(loss=f"{row['loss']:.3f}")
+        return self.health.divergence.check(diagnostics.watched_loss(row))
+
+    def evaluation(self, held_out: dict) -> None:
+        """Logs a held-out evaluation at the last step read."""
+        self._add({"step": self.done, **held_out})
+
+    def final_evaluation(self, evaluate) -> dict:
+        """The evaluation at train.steps: the row already logged (a finished run re-run, its
+        summary.json lost, holds it), else `evaluate()`, logged now."""
+        steps = self.train.steps
+        final = next((r for r in self.rows if r["step"] == steps and "eval_loss" in r), None)
+        if final is None:
+            final = self._add({"step": steps, **evaluate()})
+        return final
+
+    def _add(self, row: dict) -> dict:
+        self.rows.append(row)
+        self.run.log(row)
+        return row
