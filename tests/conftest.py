@@ -1,9 +1,20 @@
-"""Every test sees 8 virtual CPU devices (set before JAX initialises its backend)."""
+"""Every test sees 8 virtual CPU devices (set before JAX initialises its backend), and XLA:CPU
+compiles without LLVM's optimisations.
+
+Why the optimisation level: the suite compiles hundreds of tiny programs and runs each a few
+steps, so LLVM's optimisation of the generated code costs far more than it saves (measured:
+tests/test_model.py 116 -> 67 s of CPU). It changes how fast the code runs, not what it
+computes: XLA's HLO passes are the same; only the last bits of rounding move
+(tests/test_xla_flags.py holds three train steps against the default level). libtpu's
+compiles (the TPU tests) do not read it. Processes the tests start inherit the flags;
+`trainkit.cpu_env(n)` gives n devices at the same level.
+"""
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), TEST_XLA_FLAGS, "--xla_force_host_platform_device_count=8"]
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -17,10 +17,7 @@ def free_port() -> int:
 
 
 def env(devices: int) -> dict:
-    e = dict(os.environ)
-    e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    e["JAX_PLATFORMS"] = "cpu"
-    return e
+    return trainkit.cpu_env(devices)
 
 
 def losses(workdir) -> dict:

@@ -50,7 +50,7 @@ def test_kill_9_mid_training_and_rerun(tmp_path):
     cmd = [sys.executable, "-m", "loopscale.cli", "sweep", f"--sweep={sweep_file}",
            f"--workdir={workdir}", "--concurrency=2"]
     # One CPU device per run, as a user's shell has it (conftest gives this process 8).
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = trainkit.cpu_env(1)
     runner = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 300
     while time.time() < deadline and runner.poll() is None:

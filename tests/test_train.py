@@ -44,7 +44,7 @@ LOOPED_MOE_MESH = {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 2, "mesh.exper
 def test_run_directory_is_complete(corpus, tmp_path):
     # On test_sharded_losses_match_one_device's Looped-MoE model and mesh (data, tensor and
     # expert axes): the same step shape, so that test's sharded run reuses these compiled steps
-    # (trainer._shared; steps, eval and checkpoint cadence are host-side).
+    # (sharded_state._shared; steps, eval and checkpoint cadence are host-side).
     cfg = trainkit.config("looped_moe", *corpus, **TWO_HEADS, **LOOPED_MOE_MESH)
     assert train(cfg, str(tmp_path / "run")) == 0
     run = tmp_path / "run"
@@ -106,7 +106,7 @@ def test_indivisible_mesh_is_a_usage_error(corpus, tmp_path):
 
 def test_mismatched_workdir_is_refused_untouched(corpus, tmp_path):
     # At test_loss_decreases_on_text's lr: the same step shape (Config.step_shape), so this run
-    # reuses that test's compiled steps (trainer._shared) instead of compiling its own.
+    # reuses that test's compiled steps (sharded_state._shared) instead of compiling its own.
     cfg = trainkit.config("base", *corpus, **{"train.steps": 2, "train.eval_every": 0,
                                               "train.lr": 1e-2})
     run = tmp_path / "run"
@@ -141,10 +141,13 @@ def test_a_run_too_short_for_the_patience_that_blows_up_is_diverged(corpus, tmp_
     assert "first loss" in s["divergence_rule"] and "ln(vocabulary)" in s["divergence_rule"]
 
 
-def _env():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env["JAX_PLATFORMS"] = "cpu"
+def _env(cache_dir=None):
+    """One CPU device, as a user's shell has it; with `cache_dir`, JAX's persistent compilation
+    cache there (safe on one device), so processes of the same run compile their steps once."""
+    env = trainkit.cpu_env(1)
+    if cache_dir is not None:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     return env
 
 
@@ -163,18 +166,21 @@ def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
     args = ["train", "--config=experiments/looped.py:tiny",
             *trainkit.overrides(*corpus, **{"train.steps": 40, "train.checkpoint_every": 10,
                                             "train.eval_every": 10})]
+    # The three processes share a compilation cache, as a sweep's runs do: the resumed process
+    # runs the very executables the straight run compiled.
+    env = _env(cache_dir=tmp_path / "jax_cache")
     straight = tmp_path / "straight"
-    done = trainkit.run_cli(*args, f"--workdir={straight}", env=_env())
+    done = trainkit.run_cli(*args, f"--workdir={straight}", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(trainkit.loopscale_cmd(*args, f"--workdir={killed}"), env=_env(),
+    proc = subprocess.Popen(trainkit.loopscale_cmd(*args, f"--workdir={killed}"), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_step(killed, 22, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert summary(killed)["status"] == "running"
-    resumed = trainkit.run_cli(*args, f"--workdir={killed}", env=_env())
+    resumed = trainkit.run_cli(*args, f"--workdir={killed}", env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     a, b = train_losses(straight), train_losses(killed)
@@ -184,6 +190,7 @@ def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
     assert rows(killed)[-2]["flops"] == rows(straight)[-2]["flops"]  # resumed from an eval row
     assert [a[s] for s in range(1, 41)] == [b[s] for s in range(1, 41)]  # bit-identical
     assert summary(killed)["status"] == "completed"
+    assert os.listdir(tmp_path / "jax_cache")  # the steps were compiled into it
 
 
 def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):

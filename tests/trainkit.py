@@ -33,6 +33,15 @@ def config(experiment: str, corpus_glob: str, cache_dir: str, **fields):
     return parse(load_config(f"experiments/{experiment}.py:tiny", overrides(corpus_glob, cache_dir, **fields)))
 
 
+def cpu_env(devices: int) -> dict:
+    """This environment with `devices` CPU devices for a process a test starts, at the suite's
+    XLA:CPU optimisation level (conftest.py)."""
+    from conftest import TEST_XLA_FLAGS
+
+    return {**os.environ, "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={devices}"}
+
+
 def loopscale_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "loopscale.cli", *args]
 
