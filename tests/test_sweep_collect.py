@@ -12,7 +12,8 @@ import pytest
 from loopscale.cli import main
 from loopscale.sweep import load_sweep
 from loopscale.sweep.collect import collect
-from loopscale.sweep.plan import plan, write_csv
+from loopscale.sweep.plan import plan
+from loopscale.sweep.plan_table import write_csv
 from loopscale.rundir.sweep import run_dir
 
 
@@ -73,7 +74,7 @@ def test_runs_outside_the_plan_are_kept(sweep_dir, tmp_path):
     stray = os.path.join(workdir, "runs", "handmade")
     os.makedirs(stray)
     config = runs[5].config
-    from loopscale.sweep.plan import to_json
+    from loopscale.files import to_json
 
     with open(os.path.join(stray, "config.json"), "w") as f:
         json.dump(to_json(config), f)

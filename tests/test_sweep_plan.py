@@ -13,7 +13,8 @@ import pytest
 from loopscale.config import load_config, parse
 from loopscale.errors import UsageError
 from loopscale.sweep import base_sweep, load_sweep, parse_sweep
-from loopscale.sweep.plan import PLAN_COLUMNS, config_hash, plan
+from loopscale.sweep.plan import config_hash, plan
+from loopscale.sweep.plan_table import PLAN_COLUMNS
 from loopscale.sweep.schema import ShapeKind
 
 ISOFLOP = ["sweeps/isoflop_paper.py", "sweeps/isoflop_cpu.py"]
@@ -357,7 +358,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_plan_from_another_directory_plans_the_same_runs(plans, tmp_path, monkeypatch):
     from loopscale.cli import main
-    from loopscale.sweep.plan import read_csv, write_csv
+    from loopscale.sweep.plan_table import read_csv, write_csv
 
     write_csv(plans["sweeps/isoflop_cpu.py"].runs, str(tmp_path / "here.csv"))
     here = read_csv(str(tmp_path / "here.csv"))

@@ -34,12 +34,9 @@ def config(experiment: str, corpus_glob: str, cache_dir: str, **fields):
 
 
 def cpu_env(devices: int) -> dict:
-    """This environment with `devices` CPU devices for a process a test starts, at the suite's
-    XLA:CPU optimisation level (conftest.py)."""
-    from conftest import TEST_XLA_FLAGS
-
+    """This environment with `devices` CPU devices for a process a test starts."""
     return {**os.environ, "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={devices}"}
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
 def loopscale_cmd(*args: str) -> list[str]:

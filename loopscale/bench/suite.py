@@ -23,9 +23,11 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def run(scale: Scale, out_dir: str, only: Sequence[str] = (), stream=sys.stderr) -> dict:
+def run(scale: Scale, out_dir: str, only: Sequence[str] = (), stream=None) -> dict:
     """Measures every figure (or those in `only`) at `scale`; writes results.json and .md in
-    `out_dir`; returns the results document."""
+    `out_dir`; returns the results document. Progress lines go to `stream` (default: the
+    sys.stderr of the call)."""
+    stream = sys.stderr if stream is None else stream
     started = time.perf_counter()
     ctx = figures_lib.Context(scale)
     done: list[Figure] = []

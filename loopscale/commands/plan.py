@@ -155,7 +155,7 @@ def _short(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loopscale.sweep.plan import write_csv
+    from loopscale.sweep.plan_table import write_csv
 
     result = make_plan(args)
     sized = size(args, result)

@@ -120,7 +120,7 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
     from loopscale.files import write_atomic
     from loopscale.rundir import sweep as rundirs
     from loopscale.sweep.launchers import ClusterOptions, script
-    from loopscale.sweep.plan import write_csv
+    from loopscale.sweep.plan_table import write_csv
 
     options = ClusterOptions(
         repo=args.repo, loopscale=args.loopscale_bin, tpu_name=args.tpu_name, zone=args.zone,

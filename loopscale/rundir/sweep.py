@@ -1,6 +1,6 @@
 """What a sweep keeps on disk, and how each run's state is read back from it.
 
-    DIR/plan.csv                  the plan of the latest `loopscale sweep` (plan.PLAN_COLUMNS)
+    DIR/plan.csv                  the plan of the latest `loopscale sweep` (sweep/plan_table.py PLAN_COLUMNS)
     DIR/sweep.lock                held (flock) by the one runner working on DIR
     DIR/jax_cache/                JAX's persistent compilation cache, shared by every run
     DIR/runs/RUN_ID/              the run directory `loopscale train` writes (run.py)

@@ -38,7 +38,7 @@ from loopscale.files import read_json
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import read_config, read_evals, read_summary
 from loopscale.rundir.status import RunStatus
-from loopscale.sweep.plan import PLAN_COLUMNS, write_rows
+from loopscale.sweep.plan_table import PLAN_COLUMNS, write_rows
 
 RESULT_COLUMNS = (
     "run_id", "family", "budget", "status", "loss", "params", "params_unique",

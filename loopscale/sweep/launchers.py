@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from loopscale.rundir.status import ExitCode
 from loopscale.sweep.packing import Phase, phases, slots
-from loopscale.sweep.plan import PlannedRun
+from loopscale.sweep.plan_table import PlannedRun
 from loopscale.sweep.sizing import Sized
 
 LAUNCHERS = ("tpu-pod", "slurm")

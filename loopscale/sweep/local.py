@@ -12,7 +12,7 @@ import sys
 from loopscale.errors import UsageError
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.status import RunStatus
-from loopscale.sweep.plan import Plan, read_csv, write_csv
+from loopscale.sweep.plan_table import Plan, read_csv, write_csv
 from loopscale.sweep.progress import Progress
 from loopscale.sweep.runner import Options, Outcome, SweepLock, run_sweep
 

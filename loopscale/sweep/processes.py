@@ -22,7 +22,7 @@ from loopscale.files import write_atomic
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import METRICS
 from loopscale.rundir.status import ExitCode
-from loopscale.sweep.plan import PlannedRun
+from loopscale.sweep.plan_table import PlannedRun
 
 DEFAULT_TRAIN_COMMAND = (sys.executable, "-m", "loopscale.cli", "train")
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import last_metrics_row, read_summary
 from loopscale.rundir.status import LaunchOutcome, RunStatus
-from loopscale.sweep.plan import PlannedRun
+from loopscale.sweep.plan_table import PlannedRun
 
 
 class Progress:
@@ -20,8 +20,10 @@ class Progress:
     make a poor ETA), moved by finished runs and by the steps running ones have logged.
     Without a terminal it prints one line per finished run instead."""
 
-    def __init__(self, stream=sys.stderr, bar: bool | None = None):
-        self.stream = stream
+    def __init__(self, stream=None, bar: bool | None = None):
+        # sys.stderr as it is now, not when this module was imported (in a notebook or a test,
+        # the stream of that moment may since have been replaced and closed)
+        self.stream = stream = sys.stderr if stream is None else stream
         self.bar_enabled = stream.isatty() if bar is None else bar
         self.bar = None
         self.total = 0.0

@@ -40,7 +40,7 @@ from loopscale.errors import UsageError
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import CHECKPOINTS, branch_source, checkpoint_steps
 from loopscale.rundir.status import LaunchOutcome, RunStatus
-from loopscale.sweep.plan import PlannedRun
+from loopscale.sweep.plan_table import PlannedRun
 from loopscale.sweep.processes import (
     DEFAULT_TRAIN_COMMAND, Active, Signals, Workers, kill_stalled, launch,
 )

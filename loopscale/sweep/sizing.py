@@ -27,7 +27,8 @@ from collections.abc import Callable
 from loopscale.config import Config
 from loopscale.errors import UsageError
 from loopscale.sweep.packing import Need, Slice
-from loopscale.sweep.plan import Plan, PlannedRun, to_json
+from loopscale.files import to_json
+from loopscale.sweep.plan_table import Plan, PlannedRun
 
 def shape_key(config: Config) -> str:
     """Equal for configs whose train steps compile to programs of the same memory and cost:
