@@ -10,6 +10,8 @@ the initialisation digests of tests/test_init.py moved, so the suite keeps the d
 
 import os
 
+import pytest
+
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -38,3 +40,12 @@ def pytest_collection_modifyitems(session, config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's own order is kept
+
+
+@pytest.fixture
+def runs_on_one_device(monkeypatch):
+    """The processes a test starts (a sweep's runs) see one CPU device, as on a user's CPU
+    machine, where `loopscale sweep` shares one compilation cache between its runs; this
+    process keeps its 8. (Inheriting the 8, each tiny run would shard over 8 virtual devices
+    and compile without the cache: xla_cache.off_for_cpu_collectives.)"""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")

@@ -11,6 +11,9 @@ import trainkit
 from loopscale.rundir.status import ExitCode
 from loopscale.train.trainer import train
 
+# A sweep's runs see one CPU device, as on a user's machine (conftest.py).
+pytestmark = pytest.mark.usefixtures("runs_on_one_device")
+
 WSD = {"train.schedule": "wsd", "train.decay_frac": 0.2, "train.cooldown": "sqrt",
        "train.min_lr_frac": 0.05, "train.warmup_steps": 2, "train.eval_every": 0,
        "train.checkpoint_every": 0}

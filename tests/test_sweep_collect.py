@@ -16,6 +16,9 @@ from loopscale.sweep.plan import plan
 from loopscale.sweep.plan_table import write_csv
 from loopscale.rundir.sweep import run_dir
 
+# A sweep's runs see one CPU device, as on a user's machine (conftest.py).
+pytestmark = pytest.mark.usefixtures("runs_on_one_device")
+
 
 def law(n, d):
     return 1.7 + 40.0 / n ** 0.35 + 300.0 / d ** 0.35

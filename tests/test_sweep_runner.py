@@ -20,6 +20,9 @@ from loopscale.sweep.plan import plan
 from loopscale.sweep.runner import Options, SweepLock, run_sweep
 from loopscale.errors import UsageError
 
+# A sweep's runs see one CPU device, as on a user's machine (conftest.py).
+pytestmark = pytest.mark.usefixtures("runs_on_one_device")
+
 # A stand-in for `loopscale train` with its contract: config.json (refuses another config),
 # summary.json with status, metrics.jsonl trimmed to the checkpoint on resume, a checkpoint
 # every 2 steps, SIGTERM -> checkpoint and exit 0, exit 3 when diverged, 2 on bad input.

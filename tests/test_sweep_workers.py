@@ -16,6 +16,9 @@ from loopscale.sweep import load_sweep
 from loopscale.sweep.plan import plan
 from loopscale.sweep.runner import Options, run_sweep
 
+# A sweep's runs see one CPU device, as on a user's machine (conftest.py).
+pytestmark = pytest.mark.usefixtures("runs_on_one_device")
+
 SWEEP = '''
 from loopscale.sweep import base_sweep
 
