@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import evalkit
 import pytest
 import trainkit
 
@@ -78,11 +79,14 @@ def test_loops_of_a_looped_run_at_every_count(looped_run):
     assert main(["eval", f"--workdir={tmp_path / 'run'}", "--what=jsd", "--batches=2"]) == 0
     got = json.loads((tmp_path / "run" / "eval" / "jsd.json").read_text())
     config, params = load_run(tmp_path / "run")
+    params = jax.device_get(params)
     train_cfg = dataclasses.replace(config.train, eval_batches=2)
+    # The model's forward pass, compiled once for both batches (rather than run op by op).
+    exit_logits = jax.jit(lambda p, x: LoopedLM(config.model).apply(
+        {"params": p}, x, exit_logits=True).exit_logits)
     js, mask = [], []
     for batch in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
-        logits = LoopedLM(config.model).apply({"params": jax.device_get(params)}, batch["inputs"],
-                                              exit_logits=True).exit_logits
+        logits = exit_logits(params, batch["inputs"])
         logp = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)
         p, q = np.exp(logp[:-1]), np.exp(logp[-1:])
         m = 0.5 * (p + q)
@@ -161,11 +165,16 @@ def _exit_reference(run, batches: int, at_layers: bool):
     params = jax.device_get(params)
     model = LoopedLM(config.model, collect_layers=at_layers)
     train_cfg = dataclasses.replace(config.train, eval_batches=batches)
+
+    @jax.jit  # the model's forward pass, compiled once for every batch (not run op by op)
+    def candidate_logits(params, inputs):
+        out = model.apply({"params": params}, inputs, readout=False)
+        hidden = out.layer_hidden[0] if at_layers else out.loop_hidden
+        return model.apply({"params": params}, hidden, method=LoopedLM.readout)
+
     entropy, loss, mask = [], [], []
     for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
-        out = model.apply({"params": params}, b["inputs"], readout=False)
-        hidden = out.layer_hidden[0] if at_layers else out.loop_hidden
-        logits = model.apply({"params": params}, hidden, method=LoopedLM.readout)
+        logits = candidate_logits(params, b["inputs"])
         logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), -1))
         entropy.append(-(np.exp(logp) * logp).sum(-1))
         loss.append(-np.take_along_axis(logp, b["targets"][None, ..., None], -1)[..., 0])
@@ -262,9 +271,11 @@ def test_routing_across_loop_passes(tmp_path, capsys):
     # The same comparison as the training metric, on the same held-out batches.
     config, params = load_run(run)
     train_cfg = dataclasses.replace(config.train, eval_batches=2)
-    ref = [routing_overlap(LoopedLM(config.model).apply(
-        {"params": jax.device_get(params)}, b["inputs"], readout=False).moe["experts"])
-        for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator()]
+    # The model's forward pass, compiled once for both batches (not run op by op).
+    experts = jax.jit(lambda p, x: LoopedLM(config.model).apply(
+        {"params": p}, x, readout=False).moe["experts"])
+    ref = [routing_overlap(experts(jax.device_get(params), b["inputs"]))
+           for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator()]
     for key in ("identical", "disjoint"):
         assert got[f"{key}_mean"] == pytest.approx(
             float(np.mean([r[f"route_{key}"] for r in ref])), abs=1e-6)
@@ -285,27 +296,26 @@ def test_routing_across_loop_passes(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_permutation_accuracy_per_hop_beside_the_shortcut(tmp_path):
+def test_permutation_accuracy_per_hop_beside_the_shortcut(tmp_path, tmp_path_factory):
     import jax
     import numpy as np
 
     from loopscale import data as data_lib
-    from loopscale.config import load_config, parse
     from loopscale.model import LoopedLM
     from loopscale.rundir.load import load_run
 
-    cfg = parse(load_config("experiments/permutation.py:tiny", [
-        "--config.train.steps=3", "--config.train.checkpoint_every=0",
-        "--config.train.eval_every=0", "--config.data.hops_min=2", "--config.data.hops_max=4"]))
-    run = tmp_path / "run"
-    assert train(cfg, str(run)) == 0
+    # The tiny looped permutation preset, 3 steps, hops 2..4, trained for this test (or, in
+    # the same process, once for tests/test_eval_lens.py too: each gets its own copy).
+    _, run = evalkit.copy_of(evalkit.PERMUTATION_HOPS_2_4, tmp_path_factory, tmp_path / "run")
     assert main(["eval", f"--workdir={run}", "--what=accuracy", "--batches=3"]) == 0
     got = json.loads((run / "eval" / "accuracy.json").read_text())
     config, params = load_run(run)
     train_cfg = dataclasses.replace(config.train, eval_batches=3)
+    # The model's forward pass, compiled once for the three batches (not run op by op).
+    forward = jax.jit(lambda p, x: LoopedLM(config.model).apply({"params": p}, x).logits)
     right, short, hops = [], [], []
     for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
-        logits = LoopedLM(config.model).apply({"params": jax.device_get(params)}, b["inputs"]).logits
+        logits = forward(jax.device_get(params), b["inputs"])
         pred = np.argmax(np.asarray(logits)[np.arange(len(b["answer"])), b["answer_pos"]], -1)
         right.append(pred == b["answer"])
         short.append(b["start"] == b["answer"])

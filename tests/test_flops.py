@@ -141,10 +141,12 @@ def test_xla_counts_the_training_loss():
                        for _ in range(2))
     mask = jnp.asarray(rng.random((2, 16)) > 0.2)
     model = LoopedLM(m)
-    params = nn.unbox(model.init(jax.random.key(0), inputs)["params"])
+    # Jitted, init and loss alike: run eagerly, op by op, each of their operations compiled
+    # on its own (most of this test's time); the value compared is loss_fn's either way.
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs)["params"])
     value, grads = lower_train_step(m, t).compile()(params, inputs, targets, mask)
     batch = {"inputs": inputs, "targets": targets, "mask": mask}
-    want, aux = loss_fn(params, batch, model, t, m.n_loops)
+    want, aux = jax.jit(lambda p, b: loss_fn(p, b, model, t, m.n_loops))(params, batch)
     assert float(value) == pytest.approx(float(want), rel=1e-5)
     assert float(aux["lb_loss"]) > 0 and float(value) > float(aux["ce"])
     assert jax.tree.structure(grads) == jax.tree.structure(params)

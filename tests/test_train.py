@@ -151,6 +151,15 @@ def _env(cache_dir=None):
     return env
 
 
+@pytest.fixture(scope="module")
+def jax_cache(tmp_path_factory):
+    """One persistent compilation cache for this file's CLI processes (one CPU device each),
+    as a sweep's runs share one: the SIGKILL and SIGTERM tests train the same step shape
+    (looped.py:tiny at the same train fields; steps and cadences are host-side), so whichever
+    runs second runs the executables the first compiled instead of compiling them again."""
+    return tmp_path_factory.mktemp("jax_cache")
+
+
 def _wait_for_step(workdir, step, proc, timeout=300):
     path = os.path.join(workdir, "metrics.jsonl")
     deadline = time.time() + timeout
@@ -162,13 +171,13 @@ def _wait_for_step(workdir, step, proc, timeout=300):
     raise AssertionError(f"step {step} never logged")
 
 
-def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
+def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path, jax_cache):
     args = ["train", "--config=experiments/looped.py:tiny",
             *trainkit.overrides(*corpus, **{"train.steps": 40, "train.checkpoint_every": 10,
                                             "train.eval_every": 10})]
     # The three processes share a compilation cache, as a sweep's runs do: the resumed process
-    # runs the very executables the straight run compiled.
-    env = _env(cache_dir=tmp_path / "jax_cache")
+    # runs the very executables the straight run compiled (the file's cache: jax_cache).
+    env = _env(cache_dir=jax_cache)
     straight = tmp_path / "straight"
     done = trainkit.run_cli(*args, f"--workdir={straight}", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -190,15 +199,17 @@ def test_sigkill_then_resume_is_bit_identical(corpus, tmp_path):
     assert rows(killed)[-2]["flops"] == rows(straight)[-2]["flops"]  # resumed from an eval row
     assert [a[s] for s in range(1, 41)] == [b[s] for s in range(1, 41)]  # bit-identical
     assert summary(killed)["status"] == "completed"
-    assert os.listdir(tmp_path / "jax_cache")  # the steps were compiled into it
+    assert os.listdir(jax_cache)  # the steps were compiled into it
 
 
-def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):
-    args = ["train", "--config=experiments/base.py:tiny",
+def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path, jax_cache):
+    # test_sigkill_then_resume_is_bit_identical's model and step shape (looped.py:tiny; steps
+    # and cadences are host-side) and its compilation cache (jax_cache): one compile for both.
+    args = ["train", "--config=experiments/looped.py:tiny",
             *trainkit.overrides(*corpus, **{"train.steps": 400, "train.checkpoint_every": 0,
                                             "train.eval_every": 0}), f"--workdir={tmp_path / 'run'}"]
-    proc = subprocess.Popen(trainkit.loopscale_cmd(*args), env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(trainkit.loopscale_cmd(*args), env=_env(cache_dir=jax_cache),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_step(tmp_path / "run", 3, proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0

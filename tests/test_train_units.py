@@ -237,8 +237,23 @@ def tiny():
     # that read them: each jax.jit of a new partial traces and compiles again.
     accum2_fn = jax.jit(functools.partial(gradients, model=model, n_loops=cfg.n_loops,
                                           train=dataclasses.replace(train, grad_accum=2)))
+
+    @functools.cache
+    def step_fn(train):
+        """(tx, lr_factor, jitted train step) of `train` on this model, built and compiled once
+        for every test that steps with that train config (a new jax.jit compiles again)."""
+        tx, lr_factor = build_optimizer(train, cfg)
+        return tx, lr_factor, jax.jit(functools.partial(train_step, model=model, tx=tx,
+                                                        train=train, n_loops=cfg.n_loops))
+
     return dict(cfg=cfg, model=model, params=params, batch=batch, train=train, loss=loss, aux=aux,
-                grads=grads, grad_fn=grad_fn, accum2_fn=accum2_fn)
+                grads=grads, grad_fn=grad_fn, accum2_fn=accum2_fn, step_fn=step_fn)
+
+
+# The clip of the two tests that step the fixture's model through the train step (one
+# compiled step for both, tiny["step_fn"]): far under the fixture's gradient norm (about 1.6),
+# so the clip is active.
+CLIP = 1e-4
 
 
 def test_grad_accumulation_matches_one_batch(tiny):
@@ -264,13 +279,13 @@ def test_grad_accumulation_weights_micro_batches_by_their_tokens(tiny):
 
 
 def test_train_step_reports_the_gradient_norm_before_clipping(tiny):
-    c = 1e-4
-    train = dataclasses.replace(tiny["train"], grad_clip=c, weight_decay=0.0)
-    tx, _ = build_optimizer(train, tiny["cfg"])
+    c = CLIP
+    # (Weight decay at the fixture's default: no assertion here reads the parameters' update,
+    # and so this step is the one test_grad_cosine_... compiles for its untracked run.)
+    train = dataclasses.replace(tiny["train"], grad_clip=c)
+    tx, _, step = tiny["step_fn"](train)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=tiny["params"],
                        opt_state=tx.init(tiny["params"]))
-    step = jax.jit(functools.partial(train_step, model=tiny["model"], tx=tx, train=train,
-                                     n_loops=tiny["cfg"].n_loops))
     new, metrics = step(state, tiny["batch"], jnp.float32(1.0))
     norm = float(optax.tree.norm(tiny["grads"]))
     assert norm > 100 * c
@@ -691,10 +706,10 @@ def test_grad_cosine_is_the_cosine_of_consecutive_raw_gradients(tiny):
     gradients, 0 on the first step, and the tracker leaves the update itself unchanged."""
     runs = {}
     for on in (False, True):
-        train = dataclasses.replace(tiny["train"], log_grad_cosine=on, grad_clip=0.05)
-        tx, lr_factor = build_optimizer(train, tiny["cfg"])
-        step = jax.jit(functools.partial(train_step, model=tiny["model"], tx=tx, train=train,
-                                         n_loops=tiny["cfg"].n_loops))
+        # At CLIP, active as 0.05 was (the gradient norm is about 1.6): the untracked step is
+        # test_train_step_reports_the_gradient_norm_before_clipping's, compiled once.
+        train = dataclasses.replace(tiny["train"], log_grad_cosine=on, grad_clip=CLIP)
+        tx, lr_factor, step = tiny["step_fn"](train)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=tiny["params"],
                            opt_state=tx.init(tiny["params"]))
         states, metrics = [state], []
@@ -719,4 +734,4 @@ def test_grad_cosine_is_the_cosine_of_consecutive_raw_gradients(tiny):
     for t in (1, 2):
         expect = flat[t] @ flat[t - 1] / np.linalg.norm(flat[t]) / np.linalg.norm(flat[t - 1])
         assert float(tracked_m[t]["grad_cosine"]) == pytest.approx(expect, abs=2e-5)
-    assert plain_m[1]["grad_norm"] > 0.05  # the clip was active: the cosine reads raw gradients
+    assert plain_m[1]["grad_norm"] > CLIP  # the clip was active: the cosine reads raw gradients
