@@ -33,7 +33,10 @@ TARGETS = {
 
 # Every figure's machinery runs at the tiny scale: the cheaper half in the quick pass, the
 # rest (two compiles or more each) with the slow tests; the table's plumbing is checked for
-# every figure at once with the measurements stubbed.
+# every figure at once with the measurements stubbed. The bench keeps the train steps it
+# compiled for the process (figures._STEPS), so when both tests run in one process the second
+# times the steps the first compiled (Base, Looped and Looped with its loops in Python) rather
+# than compiling them again; run alone, each compiles what it needs.
 QUICK = ("base_vs_lean", "looped_vs_base", "data_vs_step", "sweep_time_share", "jax_vs_torch",
          "fit_seconds")
 REST = tuple(k for k in TARGETS if k not in QUICK)
