@@ -18,8 +18,11 @@ def tiny_model_config(**overrides):
     return parse_model(c)
 
 
-def init_params(cfg, tokens, seed=0):
-    variables = LoopedLM(cfg).init(jax.random.PRNGKey(seed), tokens)
+def init_params(cfg, tokens, seed=0, jit=False):
+    """The model's unboxed parameters; `jit` initialises compiled, as the trainer does (other
+    draws than op by op, and far cheaper for a large model)."""
+    init = LoopedLM(cfg).init
+    variables = (jax.jit(init) if jit else init)(jax.random.PRNGKey(seed), tokens)
     return nn.unbox(variables["params"])
 
 

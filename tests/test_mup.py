@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -121,8 +120,7 @@ def test_hidden_width_mult_is_the_fan_ins_as_in_mup(ffn):
     # initialises: eagerly, op by op, the MoE model's init took twice the CPU (the draws differ
     # from the eager ones, the statistic not: 49,152 draws and more per matrix).
     def w_down(c):
-        params = nn.unbox(jax.jit(LoopedLM(c).init)(jax.random.PRNGKey(0), TOKENS)["params"])
-        return params["loop"]["stack"]["layers"]["moe" if ffn == "moe" else "mlp"]["w_down"]
+        return init_params(c, TOKENS, jit=True)["loop"]["stack"]["layers"]["moe" if ffn == "moe" else "mlp"]["w_down"]
 
     ratio = np.std(w_down(cfg)) / np.std(w_down(base_cfg))
     assert ratio == pytest.approx(np.sqrt(384 / 1408), rel=0.01)

@@ -32,7 +32,6 @@ _STEPS: dict[tuple, steps.TrainStep] = {}
 @dataclasses.dataclass
 class Context:
     scale: Scale
-    _steps: dict = dataclasses.field(default_factory=lambda: _STEPS)
 
     def config(self, name: str, *overrides: str):
         return steps.load(name, [*self.scale.shape_overrides(), *overrides])
@@ -41,9 +40,9 @@ class Context:
         """The trainer's compiled step of experiments/NAME at this scale (built once a
         process, see `_STEPS`)."""
         key = (self.scale, name, overrides)
-        if key not in self._steps:
-            self._steps[key] = steps.TrainStep(self.config(name, *overrides))
-        return self._steps[key]
+        if key not in _STEPS:
+            _STEPS[key] = steps.TrainStep(self.config(name, *overrides))
+        return _STEPS[key]
 
     def time(self, variants: dict[str, Callable[[], object]]) -> dict[str, Timing]:
         return timing.interleaved(variants, self.scale.reps, self.scale.warmup)

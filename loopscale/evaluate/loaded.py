@@ -20,7 +20,6 @@ import numpy as np
 
 from loopscale import data as data_lib
 from loopscale.config import Config
-from loopscale.config.schema import HOST_ONLY_TRAIN
 from loopscale.evaluate import held_out
 from loopscale.model import LoopedLM
 from loopscale.parallel import mesh as mesh_lib
@@ -96,15 +95,14 @@ class Loaded:
 
     def _step_key(self, step_fn_key, n_loops: int, shardings):
         """What a jitted step over the held-out batches compiles from: the step function, the
-        model, the train config's step shape (Config.step_shape: the host-only fields, the
-        number of held-out batches among them, never enter a step), the loop count and the
-        shardings. None (not shared) when the step function has no identity."""
+        run's step shape (Config.step_shape: the host-only fields, the number of held-out
+        batches among them, never enter a step), the loop count and the shardings. None (not
+        shared) when the step function has no identity."""
         if step_fn_key is None:
             return None
         params_sharding, batch_sharding = shardings
-        train = dataclasses.replace(self.train, **dict.fromkeys(HOST_ONLY_TRAIN))
         leaves, treedef = jax.tree.flatten(params_sharding)
-        return (step_fn_key, self.config.model, train, n_loops, tuple(leaves), treedef,
+        return (step_fn_key, self.config.step_shape, n_loops, tuple(leaves), treedef,
                 batch_sharding)
 
     def loss_per_exit(self, n_loops: int) -> tuple[list[float], float]:
