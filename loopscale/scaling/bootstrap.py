@@ -1,13 +1,32 @@
-"""Nonparametric bootstrap over runs: resample rows with replacement, refit, take percentiles.
+"""Nonparametric cluster bootstrap: resample clusters of runs with replacement, refit, take
+percentiles, and say when a figure is not identified.
 
-Each fit (isoflop.py, parametric.py) supplies a function from an index array (the resampled
-rows) to its named figures; this module draws the resamples, collects the figures and turns
-them into percentile intervals. A resample whose refit fails records NaN for every figure and
-counts in `n_failed`; intervals are taken over the finite values only, so a figure that is
-often unidentifiable shows that in n_failed rather than in a silently narrow interval.
+Each fit (isoflop.py, parametric.py, recurrence.py) supplies a function from an index array (the
+resampled rows) to its named figures; this module draws the resamples, collects the figures and
+turns them into percentile intervals.
+
+The unit of resampling (`Design`). With cooldown branches, the points of one trunk at every
+budget share that trunk's initialisation and data order: they are one draw, not several, so
+they move together. A cluster is a trunk with all its branches; a run trained on its own is its
+own cluster (`cluster_labels`). Resampling rows one by one would treat a trunk's branches as
+independent and make every interval too narrow.
+
+Strata (the IsoFLOP fit: budgets) keep the design of a sweep fixed, so a resample never loses a
+budget by chance. A cluster's stratum is the set of strata its rows lie in (a trunk whose
+branches span budgets 1e10-1e11 is drawn among the trunks spanning the same budgets). A stratum
+holding a single cluster would draw that cluster every time and hide its variation, so then the
+clusters are drawn from all clusters at once (`Design.stratified` says which was done).
+
+Failures. A resample whose refit fails records NaN for every figure; a figure that comes out
+non-finite on one resample (an exponent whose law is degenerate there) records NaN for that
+figure. An interval over the survivors would be conditioned on success and too narrow, so when
+more than MAX_FAILED_SHARE of the resamples have no finite value for a figure, the figure is
+*not identified*: `interval` returns None and `not_identified` says why ("not identified (41% of
+refits failed)").
 
 Determinism: every resample comes from one `np.random.default_rng(seed)` stream, drawn in
-order, so the same seed, table and options give the same intervals.
+order, so the same seed, table and options give the same intervals. With every run its own
+cluster the draws are exactly the row-wise bootstrap's.
 """
 
 from __future__ import annotations
@@ -19,66 +38,172 @@ import numpy as np
 
 Figures = Mapping[str, float]
 
+# Above this share of failed refits a figure's interval is not reported (see the docstring).
+MAX_FAILED_SHARE = 0.10
+
+
+class Resampling:
+    """What `Design.unit` says in fit.json's `bootstrap.resampling`."""
+
+    RUNS = "runs"
+    TRUNKS = "trunks (a cooldown trunk with all its branches; a standalone run alone)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """Which rows move together (clusters) and within which groups (strata) they are drawn.
+
+    `clusters[i]`: the cluster label of row i; `members`: row indices per cluster in first-seen
+    order; `groups`: cluster indices per stratum (one group of all clusters when unstratified).
+    """
+
+    members: tuple[np.ndarray, ...]
+    groups: tuple[np.ndarray, ...]
+    clustered: bool  # some cluster holds more than one row
+    stratified: bool
+
+    @property
+    def unit(self) -> str:
+        return Resampling.TRUNKS if self.clustered else Resampling.RUNS
+
+    @property
+    def n_clusters(self) -> int:
+        return len(self.members)
+
+    def to_json(self) -> dict:
+        return {"resampling": self.unit, "clusters": self.n_clusters,
+                "stratified": self.stratified}
+
+
+def design(n: int, clusters: np.ndarray | None = None,
+           strata: np.ndarray | None = None) -> Design:
+    """The resampling design of `n` rows: `clusters` (labels, None: every row alone) drawn
+    within `strata` (labels, None: all together); see the module docstring."""
+    labels = np.arange(n) if clusters is None else np.asarray(clusters)
+    if labels.shape != (n,):
+        raise ValueError(f"{labels.shape[0]} cluster labels for {n} rows")
+    members = tuple(np.flatnonzero(labels == c) for c in _in_order(labels))
+    clustered = any(m.size > 1 for m in members)
+    if strata is None:
+        return Design(members, (np.arange(len(members)),), clustered, stratified=False)
+    strata = np.asarray(strata)
+    spans = [tuple(sorted(set(strata[m].tolist()))) for m in members]
+    groups = tuple(np.array([k for k, s in enumerate(spans) if s == span])
+                   for span in _in_order_list(spans))
+    if len(groups) > 1 and any(g.size < 2 for g in groups):
+        return Design(members, (np.arange(len(members)),), clustered, stratified=False)
+    return Design(members, groups, clustered, stratified=True)
+
+
+def cluster_labels(run_ids: Sequence[object], branch_of: Sequence[object]) -> np.ndarray:
+    """A branch belongs to its trunk's cluster, any other run is its own: `branch_of[i]` (the
+    trunk's run id) when set, else `run_ids[i]`. Empty values are None, NaN or ""."""
+    def empty(v: object) -> bool:
+        return v is None or v == "" or (isinstance(v, float) and v != v)
+
+    out = [str(r) if empty(b) else str(b) for r, b in zip(run_ids, branch_of)]
+    return np.array(out, dtype=object)
+
 
 @dataclasses.dataclass(frozen=True)
 class Bootstrap:
     """The figures of every resample (NaN where a resample's refit failed)."""
 
     n_resamples: int
-    n_failed: int
+    n_failed: int  # resamples whose refit failed outright
     level: float
     samples: Mapping[str, np.ndarray]  # figure name -> values, one per resample
+    design: Design | None = None
+
+    @property
+    def failed_share(self) -> float:
+        return self.n_failed / self.n_resamples if self.n_resamples else 0.0
+
+    def failure_share(self, name: str) -> float:
+        """The share of resamples with no finite value of `name` (whole-refit failures too)."""
+        values = self.samples.get(name)
+        if values is None or values.size == 0:
+            return 1.0
+        return float(np.mean(~np.isfinite(values)))
+
+    def not_identified(self, name: str) -> str | None:
+        """Why `name` has no interval, or None if it has one."""
+        share = self.failure_share(name)
+        if share > MAX_FAILED_SHARE:
+            return f"not identified ({100 * share:.0f}% of refits failed)"
+        return None
 
     def interval(self, name: str) -> tuple[float, float] | None:
-        """The central `level` percentile interval of one figure, None if it has no samples."""
+        """The central `level` percentile interval of one figure; None if it is not identified
+        (over MAX_FAILED_SHARE of refits failed for it) or has no samples."""
         values = self.samples.get(name)
-        if values is None:
+        if values is None or self.not_identified(name):
             return None
-        values = values[np.isfinite(values)]
-        if values.size < 2:
-            return None
-        tail = 100.0 * (1.0 - self.level) / 2.0
-        low, high = np.percentile(values, [tail, 100.0 - tail])
-        return float(low), float(high)
+        return percentile_interval(values, self.level)
 
     def intervals(self) -> dict[str, tuple[float, float] | None]:
         return {name: self.interval(name) for name in self.samples}
 
+    def reasons(self) -> dict[str, str]:
+        """figure -> "not identified (...)" for every figure without an interval for that
+        reason."""
+        return {name: why for name in self.samples if (why := self.not_identified(name))}
 
-def resample(rng: np.random.Generator, n: int, strata: np.ndarray | None = None) -> np.ndarray:
-    """Row indices drawn with replacement; within each stratum when `strata` is given.
+    def to_json(self) -> dict:
+        out = {"resamples": self.n_resamples, "failed": self.n_failed,
+               "failed_share": self.failed_share}
+        if self.design is not None:
+            out.update(self.design.to_json())
+        return out
 
-    Stratifying keeps the design of an IsoFLOP sweep (which budgets exist, how many runs
-    each) fixed, so a resample never loses a budget by chance.
-    """
-    if strata is None:
-        return rng.integers(0, n, size=n)
+
+def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float] | None:
+    """The central `level` percentile interval of the finite values, or None under 2 of them;
+    callers decide first whether the failures leave the figure identified."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return None
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(values, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def resample(rng: np.random.Generator, plan: Design) -> np.ndarray:
+    """Row indices of one resample: clusters drawn with replacement within each stratum, each
+    drawn cluster contributing all its rows."""
     parts = []
-    for value in _in_order(strata):
-        members = np.flatnonzero(strata == value)
-        parts.append(members[rng.integers(0, members.size, size=members.size)])
+    for group in plan.groups:
+        for k in group[rng.integers(0, group.size, size=group.size)]:
+            parts.append(plan.members[k])
     return np.concatenate(parts)
 
 
-def run_bootstrap(refit: Callable[[np.ndarray], Figures | None], names: Sequence[str], n: int,
-                  n_resamples: int, rng: np.random.Generator, strata: np.ndarray | None = None,
+def run_bootstrap(refit: Callable[[np.ndarray], Figures | None], names: Sequence[str],
+                  plan: Design, n_resamples: int, rng: np.random.Generator,
                   level: float = 0.95) -> Bootstrap:
-    """Calls `refit(indices)` on `n_resamples` resamples of `n` rows; None means it failed."""
+    """Calls `refit(indices)` on `n_resamples` resamples drawn by `plan`; None means it
+    failed."""
     samples = {name: np.full(n_resamples, np.nan) for name in names}
     failed = 0
     for i in range(n_resamples):
-        figures = refit(resample(rng, n, strata))
+        figures = refit(resample(rng, plan))
         if figures is None:
             failed += 1
             continue
         for name in names:
             samples[name][i] = figures.get(name, np.nan)
-    return Bootstrap(n_resamples=n_resamples, n_failed=failed, level=level, samples=samples)
+    return Bootstrap(n_resamples=n_resamples, n_failed=failed, level=level, samples=samples,
+                     design=plan)
 
 
 def _in_order(values: np.ndarray) -> list:
     # np.unique sorts; keep first-appearance order so the draw does not depend on labels' order.
+    return _in_order_list(values.tolist())
+
+
+def _in_order_list(values: Sequence) -> list:
     seen: dict = {}
-    for v in values.tolist():
+    for v in values:
         seen.setdefault(v, None)
     return list(seen)

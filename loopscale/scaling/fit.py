@@ -131,13 +131,15 @@ def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> Famil
     unique = runs[tbl.UNIQUE].to_numpy(dtype=float) if table.has_unique else None
     budgets = (runs[tbl.BUDGET].to_numpy(dtype=float) if table.has_budget
                else iso.assign_budgets(flops, options.budget_tolerance))
+    clusters = runs[tbl.CLUSTER].to_numpy()
 
     isofit = iso.fit_isoflop(budgets, n, d, loss, unique, options.spline, options.weighted,
                              family_rng(options.seed, name, 0))
     iso_boot = None
     if isofit.laws is not None and options.bootstrap > 0:
         iso_boot = iso.bootstrap_isoflop(isofit, budgets, n, d, loss, unique, options.bootstrap,
-                                         family_rng(options.seed, name, 1), options.level)
+                                         family_rng(options.seed, name, 1), options.level,
+                                         clusters)
 
     pfit, skipped, p_boot = None, None, None
     try:
@@ -147,7 +149,7 @@ def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> Famil
     if pfit is not None and options.bootstrap > 0:
         p_boot = par.bootstrap_parametric(pfit, n, d, loss, options.bootstrap,
                                           family_rng(options.seed, name, 2),
-                                          options.huber_delta, options.level)
+                                          options.huber_delta, options.level, clusters)
     return FamilyFit(name=name, n_runs=len(runs), max_flops=float(flops.max()), isoflop=isofit,
                      isoflop_boot=iso_boot, parametric=pfit, parametric_skipped=skipped,
                      parametric_boot=p_boot)
@@ -248,9 +250,7 @@ def _family_json(fam: FamilyFit, result: FitResult) -> dict[str, Any]:
     isoflop.update(
         method=isofit.method, weighted=isofit.weighted, budgets_used=isofit.n_used,
         skipped=isofit.reason,
-        bootstrap=None if boot is None else {
-            "resamples": boot.n_resamples, "failed": boot.n_failed,
-            "resampling": "runs within each budget"},
+        bootstrap=None if boot is None else boot.to_json(),
         minima=[_minimum_json(i, m, boot, result) for i, m in enumerate(isofit.minima)])
 
     pfit, pboot = fam.parametric, fam.parametric_boot
@@ -261,9 +261,8 @@ def _family_json(fam: FamilyFit, result: FitResult) -> dict[str, Any]:
         points=fam.n_runs, starts=None if pfit is None else pfit.n_starts,
         converged=None if pfit is None else pfit.n_converged, grid=result.options.grid,
         skipped=fam.parametric_skipped,
-        bootstrap=None if pboot is None else {
-            "resamples": pboot.n_resamples, "failed": pboot.n_failed, "resampling": "runs",
-            "warm_starts": len(pfit.warm_starts)})
+        bootstrap=None if pboot is None else {**pboot.to_json(),
+                                               "warm_starts": len(pfit.warm_starts)})
     return {"runs": fam.n_runs, "max_flops": fam.max_flops, "isoflop": isoflop,
             "parametric": parametric}
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from loopscale.scaling import FitError
-from loopscale.scaling.bootstrap import Bootstrap, run_bootstrap
+from loopscale.scaling.bootstrap import Bootstrap, design, run_bootstrap
 from loopscale.scaling.budget_minima import (  # noqa: F401 (the two marked)
     BUDGET_TOLERANCE_DEX,  # not used here: fit.py reads it as iso.BUDGET_TOLERANCE_DEX
     BudgetMinimum,
@@ -75,9 +75,10 @@ def minimum_figure(index: int, name: str) -> str:
 
 def bootstrap_isoflop(full: IsoFlopFit, budgets: np.ndarray, params: np.ndarray,
                       tokens: np.ndarray, loss: np.ndarray, unique: np.ndarray | None,
-                      n_resamples: int, rng: np.random.Generator, level: float = 0.95
-                      ) -> Bootstrap:
-    """Resamples runs within each budget and refits minima and laws.
+                      n_resamples: int, rng: np.random.Generator, level: float = 0.95,
+                      clusters: np.ndarray | None = None) -> Bootstrap:
+    """Resamples clusters of runs (`clusters`: one label per row, None: every run alone; see
+    bootstrap.py) within the budgets they span, and refits minima and laws.
 
     The budgets are those the full fit used; a budget whose resampled minimum is not usable
     (outside the budget's full size range, not convex, under 3 sizes) sits out that resample,
@@ -114,4 +115,5 @@ def bootstrap_isoflop(full: IsoFlopFit, budgets: np.ndarray, params: np.ndarray,
             return None
         return figures
 
-    return run_bootstrap(refit, names, rows.size, n_resamples, rng, strata=b, level=level)
+    plan = design(rows.size, None if clusters is None else np.asarray(clusters)[rows], b)
+    return run_bootstrap(refit, names, plan, n_resamples, rng, level=level)

@@ -35,7 +35,7 @@ from threadpoolctl import threadpool_limits
 from scipy.optimize import minimize
 
 from loopscale.scaling import FitError
-from loopscale.scaling.bootstrap import Bootstrap, run_bootstrap
+from loopscale.scaling.bootstrap import Bootstrap, design, run_bootstrap
 
 HUBER_DELTA = 1e-3
 FIGURES = ("E", "A", "B", "alpha", "beta", "G", "a", "b")
@@ -240,8 +240,10 @@ def single_threaded_blas() -> Iterator[None]:
 
 def bootstrap_parametric(full: ParametricFit, params: np.ndarray, tokens: np.ndarray,
                          loss: np.ndarray, n_resamples: int, rng: np.random.Generator,
-                         delta: float = HUBER_DELTA, level: float = 0.95) -> Bootstrap:
-    """Refits on `n_resamples` resamples of the runs, each from `full.warm_starts` only.
+                         delta: float = HUBER_DELTA, level: float = 0.95,
+                         clusters: np.ndarray | None = None) -> Bootstrap:
+    """Refits on `n_resamples` resamples of the runs' clusters (`clusters`: one label per
+    row, None: every run alone; see bootstrap.py), each from `full.warm_starts` only.
 
     Warm starts instead of the grid: a resample moves the optimum a little, so the full-data
     optimum is the natural start, and the other distinct grid optima cover a resample whose
@@ -258,4 +260,5 @@ def bootstrap_parametric(full: ParametricFit, params: np.ndarray, tokens: np.nda
             return None
 
     with single_threaded_blas():
-        return run_bootstrap(refit, FIGURES, params.size, n_resamples, rng, level=level)
+        return run_bootstrap(refit, FIGURES, design(params.size, clusters), n_resamples, rng,
+                             level=level)

@@ -12,8 +12,13 @@ Columns (names are part of the command-line contract):
   budget   nominal FLOP budget of the run's IsoFLOP curve (optional; else budgets are found by
            grouping flops, see isoflop.assign_budgets)
   params_unique  stored parameters (optional; used for the unique-parameter comparison)
-  run_id   a name for the run (optional; `run`, `name` or `workdir` also serve), used only to
-           name excluded rows
+  run_id   a name for the run (optional; `run`, `name` or `workdir` also serve), naming excluded
+           rows and, with branch_of, the bootstrap's clusters
+  branch_of  a cooldown branch's trunk run id (optional, empty for other runs): a trunk and its
+           branches are one cluster of the bootstrap (bootstrap.py), any other run its own
+  params_once, params_rec, n_loops  (optional, from `collect`) the parameters used once, those
+           inside the looped block, and the loop count: the recurrence law's inputs
+           (recurrence.py); rows without them are fitted by everything else
 
 A missing required column is a UsageError naming it (exit 2 on the command line); a row whose
 numbers are missing, non-finite or not positive is excluded with the reason, not fitted.
@@ -30,10 +35,14 @@ import numpy as np
 import pandas as pd
 
 from loopscale.errors import UsageError
+from loopscale.scaling.bootstrap import cluster_labels
 
 # Canonical column names of ResultsTable.runs.
 RUN, FAMILY, PARAMS, TOKENS, FLOPS, LOSS, BUDGET, UNIQUE = (
     "run", "family", "params", "tokens", "flops", "loss", "budget", "params_unique")
+CLUSTER = "cluster"  # the bootstrap's unit: branch_of when set, else the run (else the row)
+PARAMS_ONCE, PARAMS_REC, N_LOOPS = "params_once", "params_rec", "n_loops"
+RECURRENCE_COLUMNS = (PARAMS_ONCE, PARAMS_REC, N_LOOPS)
 ALL_FAMILY = "all"
 _RUN_COLUMNS = ("run_id", "run", "name", "workdir")
 
@@ -50,6 +59,7 @@ class Columns:
     status: str = "status"
     budget: str = "budget"
     unique: str = "params_unique"
+    branch_of: str = "branch_of"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +88,8 @@ class ResultsTable:
     flops_source: str  # how C was obtained, written to fit.json
     has_budget: bool
     has_unique: bool
+    has_clusters: bool = False  # some run is a branch of a trunk (see CLUSTER)
+    has_recurrence: bool = False  # params_once, params_rec and n_loops are columns
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -152,6 +164,10 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
     out[BUDGET] = _numeric(frame[columns.budget]) if has_budget else np.nan
     has_unique = columns.unique in frame.columns
     out[UNIQUE] = _numeric(frame[columns.unique]) if has_unique else np.nan
+    out[CLUSTER], has_clusters = _clusters(frame, out[RUN], columns.branch_of)
+    has_recurrence = all(c in frame.columns for c in RECURRENCE_COLUMNS)
+    for c in RECURRENCE_COLUMNS:
+        out[c] = _numeric(frame[c]) if has_recurrence else np.nan
     status = frame[columns.status] if columns.status in frame.columns else None
 
     excluded, keep = [], []
@@ -170,7 +186,17 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
                          f"{excluded[0].reason if excluded else 'the table is empty'})")
     return ResultsTable(runs=runs, excluded=tuple(excluded), source=source, n_rows=len(out),
                         columns=columns, flops_source=flops_source, has_budget=has_budget,
-                        has_unique=has_unique)
+                        has_unique=has_unique, has_clusters=has_clusters,
+                        has_recurrence=has_recurrence)
+
+
+def _clusters(frame: pd.DataFrame, runs: pd.Series, branch_of: str) -> tuple[list, bool]:
+    """Each row's bootstrap cluster (CLUSTER) and whether any run is a branch."""
+    names = [f"row {i}" if r is None else r for i, r in enumerate(runs.tolist())]
+    if branch_of not in frame.columns:
+        return names, False
+    trunks = [None if pd.isna(v) else str(v) for v in frame[branch_of].tolist()]
+    return list(cluster_labels(names, trunks)), any(t not in (None, "") for t in trunks)
 
 
 def _require(frame: pd.DataFrame, name: str, source: str, param_hint: bool = False) -> None:
