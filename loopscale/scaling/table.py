@@ -16,6 +16,9 @@ Columns (names are part of the command-line contract):
            rows and, with branch_of, the bootstrap's clusters
   branch_of  a cooldown branch's trunk run id (optional, empty for other runs): a trunk and its
            branches are one cluster of the bootstrap (bootstrap.py), any other run its own
+  flops_6n_attn  (optional, from `collect`) the run's compute under the 6n_attn convention
+           (6N plus the T x T attention matmuls), beside `flops` under the sweep's convention;
+           the report refits the headline exponents against it
   params_once, params_rec, n_loops  (optional, from `collect`) the parameters used once, those
            inside the looped block, and the loop count: the recurrence law's inputs
            (recurrence.py); rows without them are fitted by everything else
@@ -43,6 +46,7 @@ RUN, FAMILY, PARAMS, TOKENS, FLOPS, LOSS, BUDGET, UNIQUE = (
 CLUSTER = "cluster"  # the bootstrap's unit: branch_of when set, else the run (else the row)
 PARAMS_ONCE, PARAMS_REC, N_LOOPS = "params_once", "params_rec", "n_loops"
 RECURRENCE_COLUMNS = (PARAMS_ONCE, PARAMS_REC, N_LOOPS)
+FLOPS_ATTN = "flops_6n_attn"  # the compute of the 6n_attn convention, when collect wrote it
 ALL_FAMILY = "all"
 _RUN_COLUMNS = ("run_id", "run", "name", "workdir")
 
@@ -90,6 +94,7 @@ class ResultsTable:
     has_unique: bool
     has_clusters: bool = False  # some run is a branch of a trunk (see CLUSTER)
     has_recurrence: bool = False  # params_once, params_rec and n_loops are columns
+    has_flops_attn: bool = False  # FLOPS_ATTN is a column (a 6n_attn refit is possible)
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -168,6 +173,8 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
     has_recurrence = all(c in frame.columns for c in RECURRENCE_COLUMNS)
     for c in RECURRENCE_COLUMNS:
         out[c] = _numeric(frame[c]) if has_recurrence else np.nan
+    has_flops_attn = FLOPS_ATTN in frame.columns
+    out[FLOPS_ATTN] = _numeric(frame[FLOPS_ATTN]) if has_flops_attn else np.nan
     status = frame[columns.status] if columns.status in frame.columns else None
 
     excluded, keep = [], []
@@ -187,7 +194,7 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
     return ResultsTable(runs=runs, excluded=tuple(excluded), source=source, n_rows=len(out),
                         columns=columns, flops_source=flops_source, has_budget=has_budget,
                         has_unique=has_unique, has_clusters=has_clusters,
-                        has_recurrence=has_recurrence)
+                        has_recurrence=has_recurrence, has_flops_attn=has_flops_attn)
 
 
 def _clusters(frame: pd.DataFrame, runs: pd.Series, branch_of: str) -> tuple[list, bool]:
