@@ -14,6 +14,14 @@ Parameters (`param_counts`), all exact (tests compare them with the real paramet
   `params_active_stored` counts each physical layer once (not loop-aware) and includes the
   vocabulary matrices. The stored counts (unique, effective, total) always hold the routers.
 - `params_total`: everything stored, `params_embedding + params_unique`.
+- The recurrence law's split (scaling/recurrence.py; Schwethelm et al. 2026): `params_rec`,
+  the looped block's stored parameters (the n_unique layers every loop pass reuses, their
+  routers and norm gains included: a Base model is one pass of its layers), and `params_once`,
+  everything else (embedding, unembedding, final norm: no layer runs outside the loop, see
+  model/transformer.py), so `params_once + params_rec == params_total`. `params_rec_active` is
+  the looped block per token as `params_active` counts it (top_k experts, the routers when
+  `model.count_router`; `params_rec` for a dense model), so `params_once + n_loops *
+  params_rec_active == params_active`.
 
 FLOPs of training per token (`flops_per_token`), one of the `FlopConvention`s (the top-level
 config field `flop_convention` picks the one the sweep planner spends budgets with). All of them
@@ -110,6 +118,9 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
         "params_active_nonembedding": active_nonemb,
         "params_active_stored": L * active_layer + final_norm + embedding,
         "params_total": embedding + unique,
+        "params_once": embedding + final_norm,
+        "params_rec": L * stored_layer,
+        "params_rec_active": L * active_layer,
     }
 
 

@@ -93,6 +93,31 @@ def test_loop_and_moe_readings_of_the_param_counts():
     assert dense["params_active"] == dense["params_total"]
 
 
+@pytest.mark.parametrize("spec", ["experiments/base.py:paper", "experiments/looped.py:paper",
+                                  "experiments/moe.py:paper", "experiments/looped_moe.py:paper",
+                                  "experiments/flt.py:tiny"])
+@pytest.mark.parametrize("count_router", [False, True])
+def test_the_recurrence_split_adds_up(spec, count_router):
+    """params_once (vocabulary matrices, final norm) + params_rec (the looped block, stored
+    once) is everything stored; with the block used n_loops times at its active size, it is
+    params_active. No compile: the totals are the ones checked against the parameter tree."""
+    m = dataclasses.replace(config(spec).model, count_router=count_router)
+    p = flops.param_counts(m)
+    assert p["params_once"] + p["params_rec"] == p["params_total"]
+    assert p["params_once"] + m.n_loops * p["params_rec_active"] == p["params_active"]
+    assert (p["params_rec"] * m.n_loops + p["params_once"]
+            == p["params_effective"] + p["params_embedding"])
+    assert p["params_rec_active"] * m.n_loops == p["params_active_nonembedding"] - (
+        p["params_once"] - p["params_embedding"])
+    if m.ffn.value == "moe":
+        assert p["params_rec_active"] < p["params_rec"]
+    else:
+        assert p["params_rec_active"] == p["params_rec"]
+    with_gain = flops.param_counts(dataclasses.replace(m, norm_gain=True))
+    assert with_gain["params_once"] == p["params_once"] + m.d_model  # the final norm's gain
+    assert with_gain["params_rec"] == p["params_rec"] + 2 * m.d_model * m.n_unique
+
+
 def test_conventions_relate_as_documented():
     cfg = config("experiments/looped_moe.py:paper")
     m, T = cfg.model, cfg.train.seq_len

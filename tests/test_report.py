@@ -125,7 +125,7 @@ def test_files_figures_and_page(which, request):
     assert all(not link.startswith(("http:", "https:", "/")) for link in page.links
                if not link.startswith("#"))
     doc = json.loads((out / "fit.json").read_text())
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     md = (out / "report.md").read_text()
     for stem in STEMS:
         assert f"({stem}.png)" in md

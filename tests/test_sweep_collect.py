@@ -138,3 +138,72 @@ def test_report_reads_a_sweep_directory_as_collect_does(sweep_dir, tmp_path):
     assert from_dir["families"] == from_table["families"]
     assert from_dir["excluded"] == from_table["excluded"] and len(from_dir["excluded"]) >= 4
     assert not os.path.exists(os.path.join(workdir, "results.csv"))  # nothing written there
+
+
+RECURRENCE = ("params_once", "params_rec", "params_rec_active", "n_loops")
+
+
+def test_rows_carry_the_recurrence_inputs_also_for_old_plans(sweep_dir, tmp_path):
+    """Every row has params_once/params_rec/params_rec_active/n_loops and flops_6n_attn (from
+    the tokens spent); a run planned before those columns existed gets them from config.json."""
+    from loopscale import flops as flops_lib
+    from loopscale.config import FlopConvention
+    from loopscale.files import to_json
+
+    workdir, runs = sweep_dir
+    rows = {r["run_id"]: r for r in collect([workdir])}
+    for run in runs:
+        row = rows[run.run_id]  # a pending run's row is plan.csv's: strings
+        assert {k: int(row[k]) for k in RECURRENCE} == {k: run.row[k] for k in RECURRENCE}
+        if row["status"] == "completed":
+            attn = flops_lib.flops_per_token(run.config.model, run.config.train.seq_len,
+                                             FlopConvention.ATTENTION)
+            assert row["flops_6n_attn"] == pytest.approx(row["tokens"] * attn, rel=1e-12)
+            assert row["flops_6n_attn"] > row["flops"] * 0.999  # 6n_attn counts attention too
+        elif row["tokens"] is None:
+            assert row["flops_6n_attn"] is None
+    looped = [r.row for r in runs if r.config.model.n_loops > 1]
+    assert looped and all(r["params_once"] + r["params_rec"]
+                          == r["params_unique"] + r["params_embedding"] for r in looped)
+
+    # An older sweep: plan.csv and run.json without the new columns, config.json beside.
+    old_dir = str(tmp_path / "old")
+    new_columns = (*RECURRENCE[:3], "flops_6n_attn")
+    picked = [r for r in runs if r.config.model.n_loops > 1][:1] + [
+        r for r in runs if r.config.model.n_loops == 1][:1]
+    old_rows = [{k: v for k, v in r.row.items() if k not in new_columns} for r in picked]
+    os.makedirs(old_dir)
+    columns = [c for c in old_rows[0] if c not in new_columns]
+    with open(os.path.join(old_dir, "plan.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(old_rows)
+    spent = []
+    for run, old in zip(picked, old_rows):
+        rundir = run_dir(old_dir, run.run_id)
+        os.makedirs(rundir)
+        with open(os.path.join(rundir, "run.json"), "w") as f:
+            json.dump(old, f)
+        with open(os.path.join(rundir, "config.json"), "w") as f:
+            json.dump(to_json(run.config), f)
+        tokens = run.row["tokens"] // 2  # stopped half way: flops_6n_attn follows the tokens
+        spent.append(tokens)
+        with open(os.path.join(rundir, "summary.json"), "w") as f:
+            json.dump({"status": "completed", "final_eval_loss": 3.0, "steps": 1,
+                       "tokens": tokens, "flops": 1.0}, f)
+    got = collect([old_dir])
+    for run, row, tokens in zip(picked, got, spent):
+        assert {k: row[k] for k in RECURRENCE} == {k: run.row[k] for k in RECURRENCE}
+        attn = run.row["flops_6n_attn"] / run.row["tokens"]
+        assert row["flops_6n_attn"] == pytest.approx(tokens * attn, rel=1e-12)
+
+    # What `loopscale fit` reads from a sweep directory carries them, and the law fits on it.
+    from loopscale.scaling import recurrence
+    from loopscale.scaling.table import Columns
+    from loopscale.sweep.collect import results_table
+
+    table = results_table(workdir, Columns())
+    assert table.has_recurrence and table.has_flops_attn
+    doc = recurrence.recurrence_json(table)
+    json.dumps(doc, allow_nan=False)
+    assert "phi" in doc or "skipped" in doc

@@ -37,3 +37,6 @@ def add_fit_args(parser: argparse.ArgumentParser, bootstrap_default: int) -> Non
     parser.add_argument("--grid", choices=("hoffmann", "small"), default="hoffmann",
                         help="parametric starting grid: hoffmann (4,500 starts, the published "
                         "protocol) or small (108, quick looks)")
+    parser.add_argument("--holdout", default=None, metavar="largest|BUDGET",
+                        help="also fit without one budget (the largest, or this one in FLOPs) "
+                        "and predict its compute-optimal loss and size (fit.json `holdout`)")

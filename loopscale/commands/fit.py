@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     options = fitting.FitOptions(
         bootstrap=args.bootstrap, seed=args.seed, level=args.level, spline=args.spline,
         weighted=args.weighted, grid=args.grid, budget_tolerance=args.budget_tolerance,
-        pairs=pairs, target_loss=args.target_loss, target_compute=args.target_compute)
+        pairs=pairs, target_loss=args.target_loss, target_compute=args.target_compute,
+        holdout=args.holdout)
     try:
         result = fitting.fit_results(table, options)
     except FitError as e:

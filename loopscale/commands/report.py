@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
                       loss=args.loss_column, flops=args.flops_column)
     table = results_table(args.source, columns)
     options = fitting.FitOptions(bootstrap=args.bootstrap, seed=args.seed, level=args.level,
-                                 spline=args.spline, grid=args.grid)
+                                 spline=args.spline, grid=args.grid,
+                                 holdout=args.holdout)
     written = write_report(table, args.out, options, args.source, args.title)
     warnings, lines = written.lines()
     for line in warnings:

@@ -24,6 +24,30 @@ bracket the optimum, so the minimum is an extrapolation. Edge minima, budgets wh
 not convex in ln N, and budgets with fewer than 3 sizes are kept in `minima` with used=False
 and a reason, and left out of the power laws (fit.py adds a warning naming the budget).
 D_opt: C is proportional to N*D within a budget, so ln D_opt = mean(ln N + ln D) - ln N_opt.
+
+Where the minimum sits in the grid (every BudgetMinimum): `grid_dex` = log10(N_max / N_min)
+over the budget's sizes, and `centring` = (ln N_opt - ln N_min) / (ln N_max - ln N_min): 0.5
+for a minimum in the middle of the grid, near 0 or 1 at its ends (below 0 or above 1 for a
+fitted minimum beyond the sampled sizes, an edge minimum; for a budget with no minimum, the
+position of the best run it reports; NaN with a single size). Approach 2 is biased by both
+(arXiv 2603.22339): a parabola fitted to an asymmetric L(ln N) puts its vertex off the true
+minimum by an amount that grows with the grid's width and with how off-centre the grid is
+around the optimum, and an off-centre grid weighs one side of the curve more.
+isoflop.estimator_choice warns from these two figures.
+
+The other estimator beside the chosen one (`alternative=True`, what find_minima does): the
+minimum also carries, in `alt`, the BudgetMinimum the other method gives on the same runs
+(spline beside a parabola, parabola beside a spline), with its own edge and usability flags;
+`alt_method` names that method, `alt_params_opt` / `alt_loss_opt` read its figures (NaN when
+it cannot be computed: the spline needs SPLINE_MIN_SIZES sizes, so beside a parabola minimum
+of a 3-4 size budget there is none). The chosen method is the one asked for (`spline`) unless
+the budget has too few sizes for the spline, when the parabola is chosen and the spline is
+the (missing) other. Bootstrap refits (isoflop.bootstrap_isoflop, budget_spread) do not
+compute it.
+
+`compute_at_optimum`: a budget's compute under another FLOP convention at its optimum,
+ln C_alt interpolated against ln N within the budget at ln N_opt (as params_unique_opt is);
+isoflop.refit_under_convention fits the laws against it.
 """
 
 from __future__ import annotations
@@ -58,6 +82,27 @@ class BudgetMinimum:
     sd_log_params: float = math.nan
     sd_log_tokens: float = math.nan
     sd_log_loss: float = math.nan
+    # Where the minimum sits in the sampled grid (see the module docstring).
+    centring: float = math.nan  # (ln N_opt - ln N_min) / (ln N_max - ln N_min); 0.5: centred
+    grid_dex: float = math.nan  # log10(N_max / N_min) of the budget's sizes
+    # The other estimator on the same runs (find_minimum(alternative=True), find_minima):
+    alt_method: str | None = None  # "spline" or "parabola"; None when not computed
+    alt: BudgetMinimum | None = None  # its minimum; None when it cannot be computed
+
+    @property
+    def alt_params_opt(self) -> float:
+        """N_opt under the other estimator (NaN when there is none)."""
+        return math.nan if self.alt is None else self.alt.params_opt
+
+    @property
+    def alt_loss_opt(self) -> float:
+        """L_opt under the other estimator (NaN when there is none)."""
+        return math.nan if self.alt is None else self.alt.loss_opt
+
+    @property
+    def alt_used(self) -> bool:
+        """Whether the other estimator's minimum is usable (it enters IsoFlopFit.alt_laws)."""
+        return self.alt is not None and self.alt.used
 
 
 def assign_budgets(flops: np.ndarray, tolerance: float = BUDGET_TOLERANCE_DEX) -> np.ndarray:
@@ -79,18 +124,58 @@ def assign_budgets(flops: np.ndarray, tolerance: float = BUDGET_TOLERANCE_DEX) -
 
 def find_minimum(budget: float, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
                  unique: np.ndarray | None = None, spline: bool = False,
-                 bracket: tuple[float, float] | None = None) -> BudgetMinimum:
+                 bracket: tuple[float, float] | None = None,
+                 alternative: bool = False) -> BudgetMinimum:
     """The loss-optimal size of one budget's runs, with its edge and usability flags.
 
     `bracket` (bootstrap refits): the ln N range of the full budget. A resample need not
     contain the grid's end sizes, so there the minimum is on the edge only when it falls
     outside the full grid; judged on the resample's own ends, about a third of resamples of a
-    7-size budget would lose an end size and wrongly flag a well-bracketed minimum.
+    7-size budget would lose an end size and wrongly flag a well-bracketed minimum. `centring`
+    is then measured on the bracket too.
+    `alternative`: also find the other estimator's minimum (`alt`, see the module docstring).
     """
+    m = _find_minimum(budget, params, tokens, loss, unique, spline, bracket)
+    if not alternative:
+        return m
+    chosen = "spline" if spline and m.n_sizes >= SPLINE_MIN_SIZES else "parabola"
+    other = "parabola" if chosen == "spline" else "spline"
+    alt = None
+    if other == "parabola" or m.n_sizes >= SPLINE_MIN_SIZES:
+        alt = _find_minimum(budget, params, tokens, loss, unique, other == "spline", bracket)
+    return dataclasses.replace(m, alt_method=other, alt=alt)
+
+
+def compute_at_optimum(params_opt: float, params: np.ndarray, flops: np.ndarray) -> float:
+    """One budget's compute `flops` (per run, e.g. under another FLOP convention) at its
+    optimum: ln flops averaged per size, interpolated against ln N at ln params_opt (held at
+    the end sizes' values beyond them, as np.interp does)."""
+    sizes, inverse = np.unique(np.log(params), return_inverse=True)
+    log_c = np.bincount(inverse, weights=np.log(flops)) / np.bincount(inverse)
+    return float(np.exp(np.interp(math.log(params_opt), sizes, log_c)))
+
+
+def _find_minimum(budget: float, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
+                  unique: np.ndarray | None, spline: bool,
+                  bracket: tuple[float, float] | None) -> BudgetMinimum:
     x, loss = np.log(params), np.asarray(loss, dtype=float)
     sizes, inverse = np.unique(x, return_inverse=True)
     mean_loss = np.bincount(inverse, weights=loss) / np.bincount(inverse)
     common = {"budget": float(budget), "n_runs": int(x.size), "n_sizes": int(sizes.size)}
+    m = _locate_minimum(common, x, sizes, inverse, mean_loss, tokens, loss, unique, spline,
+                        bracket)
+    low, high = (sizes[0], sizes[-1]) if bracket is None else bracket
+    centring = math.nan
+    if high > low:
+        centring = float((math.log(m.params_opt) - low) / (high - low))
+    return dataclasses.replace(m, centring=centring,
+                               grid_dex=float((high - low) / math.log(10.0)))
+
+
+def _locate_minimum(common: dict, x: np.ndarray, sizes: np.ndarray, inverse: np.ndarray,
+                    mean_loss: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
+                    unique: np.ndarray | None, spline: bool,
+                    bracket: tuple[float, float] | None) -> BudgetMinimum:
     if sizes.size < 3:
         return _no_minimum(common, x, loss, f"{sizes.size} model sizes (a minimum needs 3)")
     method = "spline" if spline and sizes.size >= SPLINE_MIN_SIZES else "parabola"
@@ -142,14 +227,16 @@ def _no_minimum(common: dict, x: np.ndarray, loss: np.ndarray, reason: str) -> B
 
 
 def find_minima(budgets: np.ndarray, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
-                unique: np.ndarray | None = None, spline: bool = False
-                ) -> tuple[BudgetMinimum, ...]:
-    """One BudgetMinimum per budget, in increasing budget."""
+                unique: np.ndarray | None = None, spline: bool = False,
+                alternative: bool = True) -> tuple[BudgetMinimum, ...]:
+    """One BudgetMinimum per budget, in increasing budget, each with the other estimator's
+    minimum beside it unless `alternative` is False."""
     out = []
     for budget in np.unique(budgets):
         m = budgets == budget
         out.append(find_minimum(budget, params[m], tokens[m], loss[m],
-                                None if unique is None else unique[m], spline))
+                                None if unique is None else unique[m], spline,
+                                alternative=alternative))
     return tuple(out)
 
 

@@ -22,9 +22,17 @@ For a pair (reference R, other O) and a target loss L*: multiplier = C_O(L*) / C
 how many times the reference's compute the other family needs for the same loss (> 1: the
 other is less compute-efficient); unique_params_ratio = U_O(L*) / U_R(L*) and
 unique_params_saving = 1 - that ratio. With a target compute C* instead, L* = L_R(C*). Without
-either, C* is the largest compute both families reached. Intervals pair resample i of one
-family with resample i of the other (the families' runs are disjoint, so these are independent
-draws) and take percentiles of the result, the target loss moving with the reference.
+either, C* is the largest budget that the fits of both families used (`FamilyFigures.fitted`:
+the IsoFLOP laws' largest used budget, or the largest compute of the runs when there is no
+IsoFLOP law), never a budget a fit left out. A target outside either family's fitted range
+(compute outside its used budgets; for a target loss, the other family's C(L*) outside them)
+is an extrapolation, said in `extrapolation`.
+
+Intervals pair resample i of one family with resample i of the other (the families' runs are
+disjoint, so these are independent draws) and take percentiles of the result, the target loss
+moving with the reference. As in bootstrap.py, a figure whose resamples come out non-finite
+more than MAX_FAILED_SHARE of the time (a resample's law degenerate, the target unreachable)
+has no interval: it is not identified, and `not_identified` says so.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from loopscale.scaling.bootstrap import MAX_FAILED_SHARE, percentile_interval
 
 # Figures compared side by side, by approach.
 EXPONENTS = {
@@ -49,6 +59,9 @@ class FamilyFigures:
 
     name: str
     max_flops: float
+    # The compute range the fits used: the IsoFLOP laws' smallest and largest used budget (the
+    # runs' compute range when there is no IsoFLOP law).
+    fitted: tuple[float, float] | None = None
     isoflop: Mapping[str, float] | None = None
     isoflop_samples: Mapping[str, np.ndarray] | None = None
     isoflop_ci: Mapping[str, tuple[float, float] | None] | None = None
@@ -57,10 +70,15 @@ class FamilyFigures:
     parametric_ci: Mapping[str, tuple[float, float] | None] | None = None
 
 
+    def fitted_range(self) -> tuple[float, float]:
+        return self.fitted if self.fitted is not None else (self.max_flops, self.max_flops)
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     value: float
     ci: tuple[float, float] | None
+    reason: str | None = None  # why there is no interval ("not identified (...)"), if known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +87,7 @@ class PairComparison:
     other: str
     target: str  # "loss" (given) or "compute" (given, or the default)
     target_compute: float | None
+    extrapolation: str | None  # None inside both fitted ranges, else what lies outside
     # One target loss and multiplier per frontier: with a compute target, each frontier puts
     # the reference's loss at C* a little differently.
     target_loss: float  # IsoFLOP pure power law A C^-alpha (the sparse-layers study's form)
@@ -84,13 +103,17 @@ class PairComparison:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        reasons = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, Estimate):
                 out[field.name] = value.value
                 out[f"{field.name}_ci"] = None if value.ci is None else list(value.ci)
+                if value.reason:
+                    reasons[field.name] = value.reason
             else:
                 out[field.name] = value
+        out["not_identified"] = reasons
         return out
 
 
@@ -155,7 +178,7 @@ FRONTIERS = {
 def compare_pair(ref: FamilyFigures, other: FamilyFigures, target_loss: float | None = None,
                  target_compute: float | None = None, level: float = 0.95) -> PairComparison:
     if target_loss is None and target_compute is None:
-        target_compute = min(ref.max_flops, other.max_flops)
+        target_compute = min(ref.fitted_range()[1], other.fitted_range()[1])
     out: dict[str, Any] = {}
     for frontier, (approach, loss_at, compute_for) in FRONTIERS.items():
 
@@ -183,7 +206,31 @@ def compare_pair(ref: FamilyFigures, other: FamilyFigures, target_loss: float | 
     return PairComparison(
         reference=ref.name, other=other.name,
         target="loss" if target_loss is not None else "compute",
-        target_compute=None if target_compute is None else float(target_compute), **out)
+        target_compute=None if target_compute is None else float(target_compute),
+        extrapolation=_extrapolation(ref, other, target_loss, target_compute), **out)
+
+
+def _extrapolation(ref: FamilyFigures, other: FamilyFigures, target_loss: float | None,
+                   target_compute: float | None) -> str | None:
+    """What of the comparison lies outside the families' fitted compute ranges, or None.
+    With a target loss, each family's compute for it on the pure law is what must lie inside
+    its own range."""
+    outside = []
+    for fam in (ref, other):
+        low, high = fam.fitted_range()
+        if target_compute is not None:
+            at = float(target_compute)
+        elif fam.isoflop is not None:
+            with np.errstate(all="ignore"):
+                at = float(pure_compute(fam.isoflop, target_loss))
+        else:
+            continue
+        if not np.isfinite(at):
+            outside.append(f"{fam.name} never reaches the target on its fitted law")
+        elif not low * (1 - 1e-6) <= at <= high * (1 + 1e-6):
+            outside.append(f"C = {at:.3g} is outside {fam.name}'s fitted budgets "
+                           f"{low:.3g}-{high:.3g}")
+    return "extrapolates: " + "; ".join(outside) if outside else None
 
 
 def _paired(ref: FamilyFigures, other: FamilyFigures, approach: str, fn):
@@ -206,13 +253,12 @@ def _estimate(value: float, samples: np.ndarray | None, level: float) -> Estimat
         return Estimate(value=float("nan"), ci=None)
     if samples is None:
         return Estimate(value=value, ci=None)
-    finite = np.asarray(samples, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    if finite.size < 2:
-        return Estimate(value=value, ci=None)
-    tail = 100.0 * (1.0 - level) / 2.0
-    low, high = np.percentile(finite, [tail, 100.0 - tail])
-    return Estimate(value=value, ci=(float(low), float(high)))
+    samples = np.asarray(samples, dtype=float)
+    failed = float(np.mean(~np.isfinite(samples))) if samples.size else 1.0
+    if failed > MAX_FAILED_SHARE:
+        return Estimate(value=value, ci=None,
+                        reason=f"not identified ({100 * failed:.0f}% of refits failed)")
+    return Estimate(value=value, ci=percentile_interval(samples, level))
 
 
 def exponents_side_by_side(families: Sequence[FamilyFigures]) -> dict[str, Any]:

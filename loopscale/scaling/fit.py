@@ -62,12 +62,14 @@ import numpy as np
 from loopscale.errors import UsageError
 from loopscale.scaling import FitError
 from loopscale.scaling import compare as cmp
+from loopscale.scaling import holdout as ho
 from loopscale.scaling import isoflop as iso
 from loopscale.scaling import parametric as par
 from loopscale.scaling import table as tbl
 from loopscale.scaling.bootstrap import Bootstrap
+from loopscale.scaling.runs import FamilyRuns, family_runs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,24 +85,39 @@ class FitOptions:
     pairs: tuple[tuple[str, str], ...] | None = None  # None: every pair (compare.default_pairs)
     target_loss: float | None = None
     target_compute: float | None = None
+    holdout: str | None = None  # None, "largest" or a budget: the held-out check (holdout.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class FamilyFit:
     name: str
-    n_runs: int
-    max_flops: float
+    runs: FamilyRuns
     isoflop: iso.IsoFlopFit
     isoflop_boot: Bootstrap | None
     parametric: par.ParametricFit | None
     parametric_skipped: str | None
     parametric_boot: Bootstrap | None
 
+    @property
+    def n_runs(self) -> int:
+        return self.runs.n_runs
+
+    @property
+    def max_flops(self) -> float:
+        return float(self.runs.flops.max())
+
+    def fitted_range(self) -> tuple[float, float]:
+        """The compute the fits used: the IsoFLOP laws' used budgets, else the runs' compute."""
+        used = [m.budget for m in self.isoflop.minima if m.used]
+        if self.isoflop.laws is not None and used:
+            return min(used), max(used)
+        return float(self.runs.flops.min()), self.max_flops
+
     def figures(self) -> cmp.FamilyFigures:
         """The view compare.py works on."""
         laws, pfit = self.isoflop.laws, self.parametric
         return cmp.FamilyFigures(
-            name=self.name, max_flops=self.max_flops,
+            name=self.name, max_flops=self.max_flops, fitted=self.fitted_range(),
             isoflop=None if laws is None else laws.figures(),
             isoflop_samples=None if self.isoflop_boot is None else self.isoflop_boot.samples,
             isoflop_ci=None if self.isoflop_boot is None else self.isoflop_boot.intervals(),
@@ -118,6 +135,8 @@ class FitResult:
     families: tuple[FamilyFit, ...]
     pairs: tuple[cmp.PairComparison, ...]
     warnings: tuple[str, ...]
+    holdouts: tuple[ho.Holdout | None, ...] = ()  # per family (None: no runs at that budget)
+    holdout_budget: float | None = None
 
 
 def family_rng(seed: int, family: str, stream: int) -> np.random.Generator:
@@ -125,13 +144,9 @@ def family_rng(seed: int, family: str, stream: int) -> np.random.Generator:
 
 
 def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> FamilyFit:
-    runs = table.family(name)
-    n, d, loss, flops = (runs[c].to_numpy(dtype=float)
-                         for c in (tbl.PARAMS, tbl.TOKENS, tbl.LOSS, tbl.FLOPS))
-    unique = runs[tbl.UNIQUE].to_numpy(dtype=float) if table.has_unique else None
-    budgets = (runs[tbl.BUDGET].to_numpy(dtype=float) if table.has_budget
-               else iso.assign_budgets(flops, options.budget_tolerance))
-    clusters = runs[tbl.CLUSTER].to_numpy()
+    runs = family_runs(table, name, options.budget_tolerance)
+    n, d, loss, unique = runs.params, runs.tokens, runs.loss, runs.unique
+    budgets, clusters = runs.budgets, runs.clusters
 
     isofit = iso.fit_isoflop(budgets, n, d, loss, unique, options.spline, options.weighted,
                              family_rng(options.seed, name, 0))
@@ -150,8 +165,7 @@ def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> Famil
         p_boot = par.bootstrap_parametric(pfit, n, d, loss, options.bootstrap,
                                           family_rng(options.seed, name, 2),
                                           options.huber_delta, options.level, clusters)
-    return FamilyFit(name=name, n_runs=len(runs), max_flops=float(flops.max()), isoflop=isofit,
-                     isoflop_boot=iso_boot, parametric=pfit, parametric_skipped=skipped,
+    return FamilyFit(name=name, runs=runs, isoflop=isofit, isoflop_boot=iso_boot, parametric=pfit, parametric_skipped=skipped,
                      parametric_boot=p_boot)
 
 
@@ -168,8 +182,24 @@ def fit_results(table: tbl.ResultsTable, options: FitOptions = FitOptions()) -> 
         comparisons.append(cmp.compare_pair(by_name[ref].figures(), by_name[other].figures(),
                                             options.target_loss, options.target_compute,
                                             options.level))
+    holdouts, budget = (), None
+    if options.holdout is not None:
+        budget = ho.resolve_budget(options.holdout,
+                                   np.concatenate([f.runs.budgets for f in families]),
+                                   [m for f in families for m in f.isoflop.minima])
+        holdouts = tuple(_holdout(f, budget, options) for f in families)
     return FitResult(table=table, options=options, families=families,
-                     pairs=tuple(comparisons), warnings=tuple(_warnings(families)))
+                     pairs=tuple(comparisons), warnings=tuple(_warnings(families)),
+                     holdouts=holdouts, holdout_budget=budget)
+
+
+def _holdout(fam: FamilyFit, budget: float, options: FitOptions) -> ho.Holdout | None:
+    if not np.isclose(fam.runs.budgets, budget, rtol=1e-9).any():
+        return None
+    return ho.fit_holdout(fam.runs, budget, options.spline, options.weighted, options.grid,
+                          options.huber_delta, options.bootstrap,
+                          family_rng(options.seed, fam.name, 3),
+                          family_rng(options.seed, fam.name, 4), options.level)
 
 
 def _warnings(families: Sequence[FamilyFit]) -> list[str]:
@@ -210,7 +240,7 @@ def to_json(result: FitResult) -> dict[str, Any]:
             "bootstrap": o.bootstrap, "seed": o.seed, "level": o.level, "spline": o.spline,
             "weighted": o.weighted, "grid": o.grid, "huber_delta": o.huber_delta,
             "budget_tolerance_dex": o.budget_tolerance, "target_loss": o.target_loss,
-            "target_compute": o.target_compute,
+            "target_compute": o.target_compute, "holdout": o.holdout,
         },
         "families": {f.name: _family_json(f, result) for f in result.families},
         "comparison": {
@@ -220,7 +250,29 @@ def to_json(result: FitResult) -> dict[str, Any]:
         "excluded": [e.to_json() for e in t.excluded],
         "warnings": list(result.warnings),
     }
+    if o.holdout is not None:
+        doc["holdout"] = _holdout_json(result)
     return _clean(doc)
+
+
+def _holdout_json(result: FitResult) -> dict[str, Any]:
+    families = {}
+    for fam, h in zip(result.families, result.holdouts):
+        if h is None:
+            families[fam.name] = {"skipped": f"no runs at budget {result.holdout_budget:.3g}"}
+            continue
+        figures = h.figures()
+        entry = _with_ci({k: figures[k] for k in ho.FIGURES}, h.boot)
+        entry.update(
+            predicted_loss_parametric=figures["predicted_loss_parametric"],
+            error_parametric=figures["error_parametric"],
+            train_budgets=list(h.train_budgets),
+            observed_reason=None if h.observed.used else h.observed.reason,
+            skipped=h.reason,
+            bootstrap=None if h.boot is None else h.boot.to_json())
+        families[fam.name] = entry
+    return {"budget": result.holdout_budget, "spec": result.options.holdout,
+            "families": families}
 
 
 def fit_document(result: FitResult, source: str) -> dict[str, Any]:
@@ -235,10 +287,17 @@ def fit_document(result: FitResult, source: str) -> dict[str, Any]:
 
 
 def _with_ci(figures: dict[str, float], boot: Bootstrap | None) -> dict[str, Any]:
+    """Each figure with its interval (X_ci), and `not_identified`: {X: why X_ci is null} for
+    every fitted figure whose bootstrap failed too often (bootstrap.MAX_FAILED_SHARE)."""
     out: dict[str, Any] = {}
+    reasons = {}
     for name, value in figures.items():
         out[name] = value
         out[f"{name}_ci"] = None if boot is None else boot.interval(name)
+        why = None if boot is None else boot.not_identified(name)
+        if why and value is not None and math.isfinite(value):
+            reasons[name] = why
+    out["not_identified"] = reasons
     return out
 
 
@@ -274,6 +333,9 @@ def _minimum_json(i: int, m: iso.BudgetMinimum, boot: Bootstrap | None,
     for name in iso.MIN_FIGURES:
         out[name] = getattr(m, name)
         out[f"{name}_ci"] = None if boot is None else boot.interval(iso.minimum_figure(i, name))
+    why = {name: boot.not_identified(iso.minimum_figure(i, name)) for name in iso.MIN_FIGURES
+           if boot is not None and m.used}
+    out["not_identified"] = {k: v for k, v in why.items() if v}
     if result.table.has_unique:
         out["params_unique_opt"] = m.params_unique_opt
     out.update(on_edge=m.on_edge, used=m.used, reason=m.reason)

@@ -14,6 +14,10 @@ Weighting (optional): each budget weighs 1/sd^2 in every law, sd being the stand
 of the log of that law's y (ln N_opt, ln D_opt or ln L_opt) over a bootstrap of the budget's
 own runs (budget_minima.budget_spread). The bootstrap of the whole fit (isoflop.py) reuses
 these weights rather than re-deriving them.
+C is each minimum's budget unless `compute` gives another value per minimum: the same budgets'
+compute counted under another FLOP convention at the optimum (isoflop.refit_under_convention).
+Only the laws against C change then (a, b, alpha, the saturating law, u); alpha_N and alpha_U
+relate L to N and U and come out as they were.
 """
 
 from __future__ import annotations
@@ -58,23 +62,30 @@ FIGURES = tuple(f.name for f in dataclasses.fields(FrontierLaws))
 
 
 def fit_laws(minima: Sequence[BudgetMinimum], weighted: bool = False,
-             warm: FrontierLaws | None = None) -> FrontierLaws:
+             warm: FrontierLaws | None = None,
+             compute: Sequence[float] | None = None) -> FrontierLaws:
     """The power laws through the used minima (FitError with fewer than two).
 
-    `warm`: the full fit's laws, the start of a bootstrap refit's saturating law."""
-    used = [m for m in minima if m.used]
+    `warm`: the full fit's laws, the start of a bootstrap refit's saturating law.
+    `compute`: C of each minimum (one per entry of `minima`, used or not) in place of its
+    budget, e.g. the budget's compute under another FLOP convention."""
+    if compute is not None and len(compute) != len(minima):
+        raise ValueError(f"{len(compute)} compute values for {len(minima)} minima")
+    keep = [i for i, m in enumerate(minima) if m.used]
+    used = [minima[i] for i in keep]
     if len(used) < 2:
         raise FitError(f"{len(used)} usable budget minima (the power laws need 2)")
+    c = (np.array([m.budget for m in used]) if compute is None
+         else np.array([compute[i] for i in keep], dtype=float))
     try:
-        return _fit_laws(used, weighted, warm)
+        return _fit_laws(used, c, weighted, warm)
     except (RuntimeError, ValueError, np.linalg.LinAlgError) as e:
         # scipy's "optimal parameters not found" and the like: the data cannot carry the law.
         raise FitError(f"power-law fit failed: {str(e).splitlines()[0]}") from e
 
 
-def _fit_laws(used: Sequence[BudgetMinimum], weighted: bool,
+def _fit_laws(used: Sequence[BudgetMinimum], c: np.ndarray, weighted: bool,
               warm: FrontierLaws | None) -> FrontierLaws:
-    c = np.array([m.budget for m in used])
     n = np.array([m.params_opt for m in used])
     d = np.array([m.tokens_opt for m in used])
     loss = np.array([m.loss_opt for m in used])

@@ -22,6 +22,8 @@ Columns (names are part of the command-line contract):
   params_once, params_rec, n_loops  (optional, from `collect`) the parameters used once, those
            inside the looped block, and the loop count: the recurrence law's inputs
            (recurrence.py); rows without them are fitted by everything else
+  params_rec_active, ffn  (optional, from `collect`) the looped block's parameters active per
+           token and the FFN kind: the recurrence law fits dense and MoE backbones apart
 
 A missing required column is a UsageError naming it (exit 2 on the command line); a row whose
 numbers are missing, non-finite or not positive is excluded with the reason, not fitted.
@@ -45,6 +47,7 @@ RUN, FAMILY, PARAMS, TOKENS, FLOPS, LOSS, BUDGET, UNIQUE = (
     "run", "family", "params", "tokens", "flops", "loss", "budget", "params_unique")
 CLUSTER = "cluster"  # the bootstrap's unit: branch_of when set, else the run (else the row)
 PARAMS_ONCE, PARAMS_REC, N_LOOPS = "params_once", "params_rec", "n_loops"
+PARAMS_REC_ACTIVE, FFN = "params_rec_active", "ffn"  # optional: tell MoE backbones from dense
 RECURRENCE_COLUMNS = (PARAMS_ONCE, PARAMS_REC, N_LOOPS)
 FLOPS_ATTN = "flops_6n_attn"  # the compute of the 6n_attn convention, when collect wrote it
 ALL_FAMILY = "all"
@@ -173,6 +176,10 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
     has_recurrence = all(c in frame.columns for c in RECURRENCE_COLUMNS)
     for c in RECURRENCE_COLUMNS:
         out[c] = _numeric(frame[c]) if has_recurrence else np.nan
+    if PARAMS_REC_ACTIVE in frame.columns:
+        out[PARAMS_REC_ACTIVE] = _numeric(frame[PARAMS_REC_ACTIVE])
+    if FFN in frame.columns:
+        out[FFN] = frame[FFN].astype(str).to_numpy()
     has_flops_attn = FLOPS_ATTN in frame.columns
     out[FLOPS_ATTN] = _numeric(frame[FLOPS_ATTN]) if has_flops_attn else np.nan
     status = frame[columns.status] if columns.status in frame.columns else None

@@ -16,6 +16,13 @@ state: `pending` (never started), `running` (training, or interrupted), `complet
     params            the sweep's chosen parameter count (shape.params, params_active unless
                       the sweep says otherwise); params_unique, params_effective, params_active
                       are all there for `loopscale fit --params-column`
+    params_once, params_rec, params_rec_active, n_loops
+                      the recurrence law's inputs (flops.py, scaling/recurrence.py): the
+                      parameters used once, the looped block's (stored; active per token),
+                      the loop count; from the run's config.json when its plan row predates
+                      these columns
+    flops_6n_attn     the compute under the 6n_attn convention, from the tokens actually
+                      spent (empty while none are); `flops` is under the sweep's convention
     attempts          launches the local runner recorded (failed or interrupted ones included)
     NAME_KEY          each top-level number of the run's eval/NAME.json (`loopscale eval`),
                       e.g. ppl_loss, loops_loss_at_trained (with the grid fields, after
@@ -50,6 +57,8 @@ RESULT_COLUMNS = (
                                             "tokens", "flops")],
     "attempts", "workdir",
 )
+# What every row carries even when its plan row is older than these columns.
+RECURRENCE_COUNTS = ("params_once", "params_rec", "params_rec_active", "n_loops")
 
 
 def _plan_rows(sweep_dir: epath.Path) -> list[dict]:
@@ -83,17 +92,49 @@ def _number(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _attn_flops_per_token(plan: dict) -> float | None:
+    """The 6n_attn FLOPs per token of a plan row that has flops_6n_attn (its planned point)."""
+    attn, tokens = _number(plan.get("flops_6n_attn")), _number(plan.get("tokens"))
+    return attn / tokens if attn is not None and tokens else None
+
+
+def _recurrence_fields(plan: dict, rundir: epath.Path) -> tuple[dict, float | None]:
+    """(RECURRENCE_COUNTS, 6n_attn FLOPs per token) of a run: from its plan row, or for a row
+    planned before those columns existed, from its config.json (nothing when it has none)."""
+    counts = {k: plan.get(k) for k in RECURRENCE_COUNTS}
+    per_token = _attn_flops_per_token(plan)
+    if per_token is not None and all(_number(v) is not None for v in counts.values()):
+        return counts, per_token
+    if not (rundir / "config.json").exists():
+        return counts, per_token
+    from loopscale import flops as flops_lib
+    from loopscale.config import FlopConvention
+
+    try:
+        config = read_config(rundir)
+    except UsageError:  # a config loopscale cannot read any more: leave the columns empty
+        return counts, per_token
+    m = config.model
+    p = flops_lib.param_counts(m)
+    counts = {k: m.n_loops if k == "n_loops" else p[k] for k in RECURRENCE_COUNTS}
+    return counts, flops_lib.flops_per_token(m, config.train.seq_len, FlopConvention.ATTENTION)
+
+
 def result_row(plan: dict, rundir: epath.Path) -> dict:
     """The plan row merged with the run's summary.json."""
     row = dict(plan)
     row["planned_tokens"] = row.pop("tokens", None)
     row["planned_flops"] = row.pop("flops", None)
+    counts, attn_per_token = _recurrence_fields(plan, rundir)
+    row.update(counts)
     summary = read_summary(rundir) or {}
     row["status"] = RunStatus.of(summary).value
     for key in ("final_eval_loss", "best_eval_loss", "final_eval_accuracy", "tokens", "flops",
                 "wall_time_s"):
         row[key] = _number(summary.get(key))
     row["steps_done"] = summary.get("steps")
+    spent = row["tokens"]
+    row["flops_6n_attn"] = spent * attn_per_token if spent and attn_per_token else None
     # A cooldown trunk is no point of the IsoFLOP grid (its branches are): no loss to fit.
     point = row.get("role") != "trunk"
     row["loss"] = row["final_eval_loss"] if row["status"] == RunStatus.COMPLETED and point else None

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loopscale import flops as flops_lib
-from loopscale.config import Config, Schedule, load_config, parse
+from loopscale.config import Config, FlopConvention, Schedule, load_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import to_json
 from loopscale.sweep.plan_table import Plan, PlannedRun, Role, format_value
@@ -176,7 +176,8 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
              mfu: float | None = None, role: Role = Role.RUN) -> dict:
     """The plan table's row of a resolved config (collect rebuilds it for bare run dirs).
     `tokens` and `flops` are the run's point on the IsoFLOP grid (a branch's include its
-    trunk's steps); `flops_spent` and `est_device_hours` what the run itself computes."""
+    trunk's steps), `flops_6n_attn` the same point under the 6n_attn convention; `flops_spent`
+    and `est_device_hours` what the run itself computes."""
     m, t = config.model, config.train
     counts = flops_lib.param_counts(m)
     fpt = flops_lib.flops_per_token(m, t.seq_len, config.flop_convention)
@@ -196,10 +197,13 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
         **{field: format_value(value) for field, value in grid},
         "params": counts[params_key],
         **{k: counts[k] for k in ("params_unique", "params_effective", "params_active",
-                                  "params_embedding")},
+                                  "params_embedding", "params_once", "params_rec",
+                                  "params_rec_active")},
         "flop_convention": config.flop_convention.value, "flops_per_token": fpt,
         "tokens": tokens, "steps": t.steps, "batch_size": t.batch_size, "seq_len": t.seq_len,
         "lr": t.lr, "seed": config.seed, "flops": spent,
+        "flops_6n_attn": tokens * flops_lib.flops_per_token(m, t.seq_len,
+                                                            FlopConvention.ATTENTION),
         "flops_over_budget": spent / budget if budget else None,
         "est_device_hours": hours,
         # Filled in from compiles for a TPU slice (sizing.py, `loopscale plan --topology`).

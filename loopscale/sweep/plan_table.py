@@ -18,12 +18,17 @@ from loopscale.job import TrainJob
 from loopscale.sweep.schema import Overrides, Sweep
 
 # The plan table's columns, in order (a contract: collect, fit and users read them). Grid
-# fields of the sweep are added after SHAPE_COLUMNS under their dotted names.
+# fields of the sweep are added after SHAPE_COLUMNS under their dotted names. params_once,
+# params_rec, params_rec_active: the recurrence law's split of the parameters (flops.py);
+# flops_6n_attn: the run's point (`tokens`) under the 6n_attn convention, beside `flops` under
+# the sweep's own.
 SHAPE_COLUMNS = ("d_model", "n_heads", "n_unique", "n_loops", "effective_depth", "ffn")
 PLAN_COLUMNS = (
     "run_id", "family", "budget", *SHAPE_COLUMNS, "params", "params_unique", "params_effective",
-    "params_active", "params_embedding", "flop_convention", "flops_per_token", "tokens", "steps",
-    "batch_size", "seq_len", "lr", "seed", "flops", "flops_over_budget", "est_device_hours",
+    "params_active", "params_embedding", "params_once", "params_rec", "params_rec_active",
+    "flop_convention", "flops_per_token", "tokens", "steps",
+    "batch_size", "seq_len", "lr", "seed", "flops", "flops_6n_attn", "flops_over_budget",
+    "est_device_hours",
     "chips", "est_step_time_s", "role", "branch_of", "branch_step", "flops_spent",
     "experiment", "overrides",
 )
