@@ -40,3 +40,27 @@ def add_fit_args(parser: argparse.ArgumentParser, bootstrap_default: int) -> Non
     parser.add_argument("--holdout", default=None, metavar="largest|BUDGET",
                         help="also fit without one budget (the largest, or this one in FLOPs) "
                         "and predict its compute-optimal loss and size (fit.json `holdout`)")
+    parser.add_argument("--fit.E_min", dest="e_min", type=float, default=None, metavar="E",
+                        help="lower bound on the parametric fit's irreducible loss E")
+    parser.add_argument("--fit.E_max", dest="e_max", type=float, default=None, metavar="E",
+                        help="upper bound on E (equal to --fit.E_min: E fixed)")
+
+
+def fit_options_args(args: argparse.Namespace) -> dict:
+    """The FitOptions fields `fit` and `report` read alike from add_fit_args' flags, checked
+    (UsageError naming the flag)."""
+    from loopscale.errors import UsageError
+
+    if args.bootstrap < 0:
+        raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must be between 0 and 1, got {args.level}")
+    for flag, value in (("--fit.E_min", args.e_min), ("--fit.E_max", args.e_max)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} must be > 0, got {value}")
+    if args.e_min is not None and args.e_max is not None and args.e_min > args.e_max:
+        raise UsageError(f"--fit.E_min {args.e_min} is above --fit.E_max {args.e_max}")
+    bounds = None if args.e_min is None and args.e_max is None else (args.e_min, args.e_max)
+    return {"bootstrap": args.bootstrap, "seed": args.seed, "level": args.level,
+            "spline": args.spline, "grid": args.grid, "holdout": args.holdout,
+            "e_bounds": bounds}

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from loopscale.commands.common import add_fit_args
+from loopscale.commands.common import add_fit_args, fit_options_args
 from loopscale.errors import UsageError
 from loopscale.files import write_atomic
 
@@ -43,10 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.scaling import fit as fitting
     from loopscale.scaling.table import Columns, read_table
 
-    if args.bootstrap < 0:
-        raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    if not 0.0 < args.level < 1.0:
-        raise UsageError(f"--level must be between 0 and 1, got {args.level}")
+    checked = fit_options_args(args)
     if args.budget_tolerance <= 0:
         raise UsageError(f"--budget-tolerance must be > 0, got {args.budget_tolerance}")
     for name in ("target_loss", "target_compute"):
@@ -59,10 +56,9 @@ def run(args: argparse.Namespace) -> int:
     table = read_table(args.table, columns)
     pairs = _pairs(args.compare, table.families)
     options = fitting.FitOptions(
-        bootstrap=args.bootstrap, seed=args.seed, level=args.level, spline=args.spline,
-        weighted=args.weighted, grid=args.grid, budget_tolerance=args.budget_tolerance,
-        pairs=pairs, target_loss=args.target_loss, target_compute=args.target_compute,
-        holdout=args.holdout)
+        **checked, weighted=args.weighted,
+        budget_tolerance=args.budget_tolerance, pairs=pairs, target_loss=args.target_loss,
+        target_compute=args.target_compute)
     try:
         result = fitting.fit_results(table, options)
     except FitError as e:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loopscale.commands.common import add_fit_args
-from loopscale.errors import UsageError
+from loopscale.commands.common import add_fit_args, fit_options_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,17 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.scaling.table import Columns
     from loopscale.sweep.collect import results_table
 
-    if args.bootstrap < 0:
-        raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    if not 0.0 < args.level < 1.0:
-        raise UsageError(f"--level must be between 0 and 1, got {args.level}")
+    checked = fit_options_args(args)
     check_out(args.out)
     columns = Columns(params=args.params_column, tokens=args.tokens_column,
                       loss=args.loss_column, flops=args.flops_column)
     table = results_table(args.source, columns)
-    options = fitting.FitOptions(bootstrap=args.bootstrap, seed=args.seed, level=args.level,
-                                 spline=args.spline, grid=args.grid,
-                                 holdout=args.holdout)
+    options = fitting.FitOptions(**checked)
     written = write_report(table, args.out, options, args.source, args.title)
     warnings, lines = written.lines()
     for line in warnings:

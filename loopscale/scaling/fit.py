@@ -1,18 +1,22 @@
-"""`loopscale fit`: every fit per family, bootstrap intervals, family comparison -> fit.json.
+"""`loopscale fit`: every fit per family, bootstrap intervals, family comparison, the held-out
+check and the recurrence law -> fit.json.
 
-fit.json schema (version 1). Every figure X has its interval beside it as X_ci = [low, high]
-(percentile bootstrap at `options.level`, null without bootstrap or when X is not
-identifiable); a figure that could not be fitted is null. Numbers are plain JSON floats.
+fit.json schema (version 2). Every figure X has its interval beside it as X_ci = [low, high]
+(percentile cluster bootstrap at `options.level`, bootstrap.py), null without bootstrap, when
+X itself is null, or when X is *not identified*: more than 10% of the bootstrap refits failed
+for it, and then the fit object's `not_identified` maps X to the reason ("not identified (26%
+of refits failed)"); an interval over the refits that survived would be too narrow. A figure
+that could not be fitted is null. Numbers are plain JSON floats.
 
-  schema_version     1
+  schema_version     2
   table              source (file name), rows, fitted, excluded (counts),
                      params_column, tokens_column, loss_column,
                      flops    how C was obtained: "column flops" or "6*params*tokens"
                      budgets  "column budget" or "log10(flops) grouped within 0.02 dex"
   options            bootstrap (resamples), seed, level, spline, weighted, grid, huber_delta,
-                     budget_tolerance_dex, target_loss, target_compute
+                     budget_tolerance_dex, target_loss, target_compute, holdout, e_bounds
   families.NAME      one per family (`all` when the table has no family column):
-    runs, max_flops
+    runs, max_flops, fitted_flops ([low, high]: the compute range the fits used)
     isoflop          Chinchilla approach 2 (isoflop.py):
                        a, a_coef       N_opt = a_coef * C^a
                        b, b_coef       D_opt = b_coef * C^b
@@ -22,31 +26,59 @@ identifiable); a figure that could not be fitted is null. Numbers are plain JSON
                        alpha_U, A_U    L_opt = A_U * U_opt^-alpha_U  } U = unique params at
                        u, u_coef       U_opt = u_coef * C^u        } the optimum; null
                                                                      without params_unique
+                       not_identified {figure: reason}
                        method ("parabola" | "spline"), weighted, budgets_used,
                        skipped (null, or why no power law was fitted),
-                       bootstrap {resamples, failed, resampling: "runs within each budget"},
+                       estimator {headline, reason, warning}: which per-budget estimator the
+                         figures use and why; warning when a parabola is likely biased
+                         (off-centre minima, grids over a decade wide)
+                       alternative {method, budgets_used, skipped, the same laws}: the laws
+                         through the other estimator's minima (spline beside parabola)
+                       under_6n_attn {skipped, the same laws}: each budget's compute counted
+                         under 6n_attn (the table's flops_6n_attn), point values
+                       counts {params, params_meaning, flops, flop_convention}: what N and C
+                         count, which every exponent is relative to
+                       bootstrap {resamples, failed, failed_share, resampling (the unit:
+                         "runs", or trunks with their branches), clusters, stratified}
                        minima: [{budget, runs, sizes, method, params_opt, tokens_opt,
-                                 loss_opt (each with _ci), params_unique_opt, on_edge, used,
-                                 reason, sd_log_params/tokens/loss (weighted fits)}]
+                                 loss_opt (each with _ci), not_identified,
+                                 params_unique_opt, on_edge, used, reason, centring (0:
+                                 smallest size, 1: largest), grid_dex, alt_method,
+                                 alt_params_opt, alt_loss_opt, alt_used,
+                                 sd_log_params/tokens/loss (weighted fits)}]
     parametric       Chinchilla approach 3 (parametric.py):
                        E, A, B, alpha, beta   L = E + A/N^alpha + B/D^beta
                        G, a, b         N_opt = G (C/6)^a, D_opt = (C/6)^b / G  (C = 6ND)
-                       objective (summed Huber loss), points, starts, converged, grid,
-                       skipped, bootstrap {resamples, failed, resampling, warm_starts}
+                       not_identified, objective (summed Huber loss), residual_sd (nats),
+                       lack_of_fit_90 ([low, high], Marin's Student-t interval) and its
+                       _halfwidth, e_bounds, points, starts, converged, grid, counts,
+                       skipped, bootstrap {..., warm_starts}
   comparison         exponents: {isoflop|parametric: {figure: {FAMILY: v, FAMILY_ci: [l, h]}}}
                      pairs: [{reference, other, target ("loss"|"compute"), target_compute,
+                              extrapolation (null, or what lies outside the fitted budgets),
                               target_loss, compute_multiplier (IsoFLOP pure law),
                               target_loss_saturating, compute_multiplier_saturating,
                               target_loss_parametric, compute_multiplier_parametric,
                               unique_params_ratio, unique_params_saving,
                               unique_params_ratio_saturating, unique_params_saving_saturating
-                              (each multiplier, ratio and saving with _ci)}]  (compare.py)
+                              (each multiplier, ratio and saving with _ci), not_identified}]
+                     (compare.py; the default target is the largest budget both fits used)
+  holdout            (with --holdout) budget, spec, families.NAME: {predicted_loss,
+                     predicted_loss_saturating, observed_loss, error, error_saturating,
+                     predicted_n_opt, observed_n_opt, error_log_n_opt (each with _ci),
+                     not_identified, predicted_loss_parametric, error_parametric,
+                     train_budgets, observed_reason, skipped, bootstrap}   (holdout.py)
+  recurrence         (tables at two or more loop counts) the iso-depth law: phi, E, A, B,
+                     alpha, beta (each with _ci), n_runs, loop_counts, families, residual_sd,
+                     r2, equivalent_params, optimal_loops, bootstrap, moe {stored, active}
+                     (recurrence.py); at one loop count no object and a line in `warnings`
   excluded           [{row, run, family, status, reason}]: input rows not fitted
   warnings           [str]: e.g. a budget whose minimum is on the edge of its size grid
 
 Seeds: the resamples of family F come from np.random.default_rng([seed, crc32(F), k]) with k
-= 0 (IsoFLOP weights), 1 (IsoFLOP bootstrap), 2 (parametric bootstrap), so a family's
-intervals depend on the seed and its own runs only, not on which other families are present.
+= 0 (IsoFLOP weights), 1 (IsoFLOP bootstrap), 2 (parametric bootstrap), 3 and 4 (the held-out
+check's weights and bootstrap), so a family's intervals depend on the seed and its own runs
+only, not on which other families are present.
 """
 
 from __future__ import annotations
@@ -66,7 +98,9 @@ from loopscale.scaling import holdout as ho
 from loopscale.scaling import isoflop as iso
 from loopscale.scaling import parametric as par
 from loopscale.scaling import table as tbl
+from loopscale.scaling import recurrence as rec
 from loopscale.scaling.bootstrap import Bootstrap
+from loopscale.scaling.frontier_laws import FrontierLaws
 from loopscale.scaling.runs import FamilyRuns, family_runs
 
 SCHEMA_VERSION = 2
@@ -86,6 +120,8 @@ class FitOptions:
     target_loss: float | None = None
     target_compute: float | None = None
     holdout: str | None = None  # None, "largest" or a budget: the held-out check (holdout.py)
+    # Bounds on the parametric fit's E (either may be None; equal: E fixed), parametric.py.
+    e_bounds: tuple[float | None, float | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +133,9 @@ class FamilyFit:
     parametric: par.ParametricFit | None
     parametric_skipped: str | None
     parametric_boot: Bootstrap | None
+    # The IsoFLOP laws refitted with each budget's compute under 6n_attn (None: why not).
+    isoflop_attn: FrontierLaws | None = None
+    isoflop_attn_reason: str | None = None
 
     @property
     def n_runs(self) -> int:
@@ -137,6 +176,7 @@ class FitResult:
     warnings: tuple[str, ...]
     holdouts: tuple[ho.Holdout | None, ...] = ()  # per family (None: no runs at that budget)
     holdout_budget: float | None = None
+    recurrence: dict[str, Any] | None = None  # fit.json's `recurrence` (recurrence.py)
 
 
 def family_rng(seed: int, family: str, stream: int) -> np.random.Generator:
@@ -156,17 +196,21 @@ def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> Famil
                                          family_rng(options.seed, name, 1), options.level,
                                          clusters)
 
+    attn, attn_why = iso.refit_under_convention(isofit, budgets, n, runs.flops_attn)
+
     pfit, skipped, p_boot = None, None, None
     try:
-        pfit = par.fit_parametric(n, d, loss, par.grid_starts(options.grid), options.huber_delta)
+        pfit = par.fit_parametric(n, d, loss, par.grid_starts(options.grid), options.huber_delta,
+                                  e_bounds=options.e_bounds)
     except FitError as e:
         skipped = str(e)
     if pfit is not None and options.bootstrap > 0:
         p_boot = par.bootstrap_parametric(pfit, n, d, loss, options.bootstrap,
                                           family_rng(options.seed, name, 2),
                                           options.huber_delta, options.level, clusters)
-    return FamilyFit(name=name, runs=runs, isoflop=isofit, isoflop_boot=iso_boot, parametric=pfit, parametric_skipped=skipped,
-                     parametric_boot=p_boot)
+    return FamilyFit(name=name, runs=runs, isoflop=isofit, isoflop_boot=iso_boot,
+                     parametric=pfit, parametric_skipped=skipped, parametric_boot=p_boot,
+                     isoflop_attn=attn, isoflop_attn_reason=attn_why)
 
 
 def fit_results(table: tbl.ResultsTable, options: FitOptions = FitOptions()) -> FitResult:
@@ -188,16 +232,24 @@ def fit_results(table: tbl.ResultsTable, options: FitOptions = FitOptions()) -> 
                                    np.concatenate([f.runs.budgets for f in families]),
                                    [m for f in families for m in f.isoflop.minima])
         holdouts = tuple(_holdout(f, budget, options) for f in families)
+    warnings = _warnings(families)
+    recurrence = None
+    if table.has_recurrence:
+        recurrence = rec.recurrence_json(table, options.bootstrap, options.seed, options.level,
+                                         budget_tolerance=options.budget_tolerance)
+        if "phi" not in recurrence:  # a table at one loop count: no law, and why in one line
+            warnings.append(f"no recurrence law: {recurrence['skipped']}")
+            recurrence = None
     return FitResult(table=table, options=options, families=families,
-                     pairs=tuple(comparisons), warnings=tuple(_warnings(families)),
-                     holdouts=holdouts, holdout_budget=budget)
+                     pairs=tuple(comparisons), warnings=tuple(warnings),
+                     holdouts=holdouts, holdout_budget=budget, recurrence=recurrence)
 
 
 def _holdout(fam: FamilyFit, budget: float, options: FitOptions) -> ho.Holdout | None:
     if not np.isclose(fam.runs.budgets, budget, rtol=1e-9).any():
         return None
     return ho.fit_holdout(fam.runs, budget, options.spline, options.weighted, options.grid,
-                          options.huber_delta, options.bootstrap,
+                          options.huber_delta, options.e_bounds, options.bootstrap,
                           family_rng(options.seed, fam.name, 3),
                           family_rng(options.seed, fam.name, 4), options.level)
 
@@ -217,6 +269,10 @@ def _warnings(families: Sequence[FamilyFit]) -> list[str]:
                        f"{', ...' if len(sparse) > 5 else ''}) left out of the IsoFLOP fit")
         if fam.isoflop.laws is None:
             out.append(f"family {fam.name}: no IsoFLOP fit: {fam.isoflop.reason}")
+        else:
+            biased = iso.estimator_warning(fam.isoflop)
+            if biased:
+                out.append(f"family {fam.name}: {biased.removeprefix('warning: ')}")
         if fam.parametric_skipped:
             out.append(f"family {fam.name}: no parametric fit: {fam.parametric_skipped}")
     return out
@@ -241,6 +297,7 @@ def to_json(result: FitResult) -> dict[str, Any]:
             "weighted": o.weighted, "grid": o.grid, "huber_delta": o.huber_delta,
             "budget_tolerance_dex": o.budget_tolerance, "target_loss": o.target_loss,
             "target_compute": o.target_compute, "holdout": o.holdout,
+            "e_bounds": None if o.e_bounds is None else list(o.e_bounds),
         },
         "families": {f.name: _family_json(f, result) for f in result.families},
         "comparison": {
@@ -252,6 +309,8 @@ def to_json(result: FitResult) -> dict[str, Any]:
     }
     if o.holdout is not None:
         doc["holdout"] = _holdout_json(result)
+    if result.recurrence is not None:
+        doc["recurrence"] = result.recurrence
     return _clean(doc)
 
 
@@ -293,9 +352,11 @@ def _with_ci(figures: dict[str, float], boot: Bootstrap | None) -> dict[str, Any
     reasons = {}
     for name, value in figures.items():
         out[name] = value
-        out[f"{name}_ci"] = None if boot is None else boot.interval(name)
+        finite = value is not None and math.isfinite(value)
+        # No interval without a point: a resample cannot identify what the data did not.
+        out[f"{name}_ci"] = None if boot is None or not finite else boot.interval(name)
         why = None if boot is None else boot.not_identified(name)
-        if why and value is not None and math.isfinite(value):
+        if why and finite:
             reasons[name] = why
     out["not_identified"] = reasons
     return out
@@ -306,9 +367,20 @@ def _family_json(fam: FamilyFit, result: FitResult) -> dict[str, Any]:
     laws = (isofit.laws.figures() if isofit.laws is not None
             else dict.fromkeys(iso.FIGURES, None))
     isoflop = _with_ci(laws, boot)
+    method, why = iso.estimator_choice(isofit)
     isoflop.update(
         method=isofit.method, weighted=isofit.weighted, budgets_used=isofit.n_used,
         skipped=isofit.reason,
+        estimator={"headline": method, "reason": why.split("\n")[0],
+                   "warning": iso.estimator_warning(isofit) if isofit.laws else None},
+        alternative={"method": isofit.alt_method, "budgets_used": isofit.alt_n_used,
+                     "skipped": isofit.alt_reason,
+                     **(isofit.alt_laws.figures() if isofit.alt_laws is not None
+                        else dict.fromkeys(iso.FIGURES, None))},
+        under_6n_attn={"skipped": fam.isoflop_attn_reason,
+                       **(fam.isoflop_attn.figures() if fam.isoflop_attn is not None
+                          else dict.fromkeys(iso.FIGURES, None))},
+        counts=_counts(result),
         bootstrap=None if boot is None else boot.to_json(),
         minima=[_minimum_json(i, m, boot, result) for i, m in enumerate(isofit.minima)])
 
@@ -317,13 +389,38 @@ def _family_json(fam: FamilyFit, result: FitResult) -> dict[str, Any]:
     parametric = _with_ci(figures, pboot)
     parametric.update(
         objective=None if pfit is None else pfit.objective,
+        residual_sd=None if pfit is None else pfit.residual_sd,
+        lack_of_fit_90=None if pfit is None else list(pfit.lack_of_fit),
+        lack_of_fit_90_halfwidth=None if pfit is None else
+        (pfit.lack_of_fit[1] - pfit.lack_of_fit[0]) / 2.0,
+        e_bounds=None if pfit is None else list(pfit.e_bounds),
         points=fam.n_runs, starts=None if pfit is None else pfit.n_starts,
         converged=None if pfit is None else pfit.n_converged, grid=result.options.grid,
+        counts=_counts(result),
         skipped=fam.parametric_skipped,
         bootstrap=None if pboot is None else {**pboot.to_json(),
                                                "warm_starts": len(pfit.warm_starts)})
-    return {"runs": fam.n_runs, "max_flops": fam.max_flops, "isoflop": isoflop,
+    return {"runs": fam.n_runs, "max_flops": fam.max_flops,
+            "fitted_flops": list(fam.fitted_range()), "isoflop": isoflop,
             "parametric": parametric}
+
+
+# What each parameter column of `collect` counts (flops.py), for fit.json's `counts`.
+PARAMS_MEANING = {
+    "params_active": "active per token (MoE: top_k experts), per loop pass, embeddings included",
+    "params_unique": "stored, each physical layer once, embeddings excluded",
+    "params_effective": "stored, per loop pass, embeddings excluded",
+    "params_active_nonembedding": "active per token, per loop pass, embeddings excluded",
+    "params_total": "stored, embeddings included",
+}
+
+
+def _counts(result: FitResult) -> dict[str, Any]:
+    """What N and C count: every exponent is relative to them."""
+    t = result.table
+    return {"params": t.columns.params,
+            "params_meaning": PARAMS_MEANING.get(t.columns.params, "as the table gives it"),
+            "flops": t.flops_source, "flop_convention": list(t.flop_conventions) or None}
 
 
 def _minimum_json(i: int, m: iso.BudgetMinimum, boot: Bootstrap | None,
@@ -338,7 +435,9 @@ def _minimum_json(i: int, m: iso.BudgetMinimum, boot: Bootstrap | None,
     out["not_identified"] = {k: v for k, v in why.items() if v}
     if result.table.has_unique:
         out["params_unique_opt"] = m.params_unique_opt
-    out.update(on_edge=m.on_edge, used=m.used, reason=m.reason)
+    out.update(on_edge=m.on_edge, used=m.used, reason=m.reason, centring=m.centring,
+               grid_dex=m.grid_dex, alt_method=m.alt_method, alt_params_opt=m.alt_params_opt,
+               alt_loss_opt=m.alt_loss_opt, alt_used=m.alt_used)
     if result.options.weighted:
         out.update(sd_log_params=m.sd_log_params, sd_log_tokens=m.sd_log_tokens,
                    sd_log_loss=m.sd_log_loss)
@@ -381,18 +480,35 @@ def summary_table(doc: dict[str, Any]) -> str:
                 continue
             for fig in figures:
                 lines.append(f"{name:<14}{approach:<12}{fig:<10}{_num(fit.get(fig)):>12}  "
-                             f"{_interval(fit.get(fig + '_ci'))}")
+                             f"{_interval(fit.get(fig + '_ci'), fit['not_identified'].get(fig))}")
     for p in doc["comparison"]["pairs"]:
         at = (f"C={_num(p['target_compute'])}" if p["target"] == "compute"
               else f"L={_num(p['target_loss'])}")
-        parts = [f"{label} x{_num(p[key])} {_interval(p[key + '_ci'])}".rstrip()
+        parts = [f"{label} x{_num(p[key])} "
+                 f"{_interval(p[key + '_ci'], p['not_identified'].get(key))}".rstrip()
                  for label, key in (("compute (pure law)", "compute_multiplier"),
                                     ("saturating", "compute_multiplier_saturating"),
                                     ("parametric", "compute_multiplier_parametric"),
                                     ("unique params", "unique_params_ratio"),
                                     ("saturating", "unique_params_ratio_saturating"))
                  if p[key] is not None]
-        lines.append(f"{p['other']} vs {p['reference']} at {at}: " + "; ".join(parts))
+        lines.append(f"{p['other']} vs {p['reference']} at {at}: " + "; ".join(parts)
+                     + (f" ({p['extrapolation']})" if p["extrapolation"] else ""))
+    if "holdout" in doc:
+        h = doc["holdout"]
+        for name, f in h["families"].items():
+            if f.get("error") is None:
+                why = f.get("skipped") or f.get("observed_reason") or "not identified"
+                lines.append(f"holdout C={_num(h['budget'])} {name}: no IsoFLOP check ({why})")
+                continue
+            lines.append(f"holdout C={_num(h['budget'])} {name}: predicted L_opt "
+                         f"{_num(f['predicted_loss'])}, observed {_num(f['observed_loss'])}, "
+                         f"error {_num(f['error'])} "
+                         f"{_interval(f['error_ci'], f['not_identified'].get('error'))}")
+    if "recurrence" in doc:
+        from loopscale.scaling.recurrence import report_lines
+
+        lines.append(report_lines(doc["recurrence"])[0])
     return "\n".join(lines)
 
 
@@ -400,5 +516,7 @@ def _num(v: Any) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def _interval(ci: Any) -> str:
+def _interval(ci: Any, why: str | None = None) -> str:
+    if why:
+        return why
     return "" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]"

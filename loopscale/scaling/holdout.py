@@ -5,8 +5,8 @@ measured (`loopscale fit --holdout=largest|BUDGET`).
 Per family:
 - train: every run at a smaller budget than the held-out one (leave-future-out: with the
   largest budget held out, every other budget; runs at larger budgets, e.g. ones whose grid
-  did not bracket an optimum, never inform a prediction of a smaller one). The IsoFLOP fit (isoflop.fit_isoflop, same
-  estimator and weighting as the main fit) gives L_opt(C) = A C^-alpha (pure law),
+  did not bracket an optimum, never inform a prediction of a smaller one). The IsoFLOP fit
+  (isoflop.fit_isoflop, same estimator and weighting as the main fit) gives L_opt(C) = A C^-alpha (pure law),
   E + A_E C^-alpha_E (saturating, 3+ training budgets) and N_opt(C) = a_coef C^a; the
   parametric fit (approach 3, same start grid) gives its frontier at C.
 - observed: the held-out budget's own minimum (budget_minima.find_minimum, same estimator);
@@ -66,6 +66,9 @@ class Holdout:
     def figures(self) -> dict[str, float]:
         laws = self.train.laws
         figures = dict.fromkeys(FIGURES, math.nan)
+        if self.observed.used:
+            figures.update(observed_loss=self.observed.loss_opt,
+                           observed_n_opt=self.observed.params_opt)
         if laws is not None:
             figures.update(predictions(laws, self.budget, self.observed))
         figures["predicted_loss_parametric"] = (
@@ -119,7 +122,8 @@ def resolve_budget(spec: str, budgets: np.ndarray,
 
 
 def fit_holdout(runs: FamilyRuns, budget: float, spline: bool, weighted: bool, grid: str,
-                huber_delta: float, n_resamples: int, rng_weights: np.random.Generator,
+                huber_delta: float, e_bounds: tuple | None, n_resamples: int,
+                rng_weights: np.random.Generator,
                 rng_boot: np.random.Generator, level: float) -> Holdout:
     """The held-out check of one family at `budget` (see the module docstring)."""
     held = np.isclose(runs.budgets, budget, rtol=1e-9)
@@ -131,7 +135,7 @@ def fit_holdout(runs: FamilyRuns, budget: float, spline: bool, weighted: bool, g
     pfit = None
     try:
         pfit = par.fit_parametric(train_runs.params, train_runs.tokens, train_runs.loss,
-                                  par.grid_starts(grid), huber_delta)
+                                  par.grid_starts(grid), huber_delta, e_bounds=e_bounds)
     except FitError:
         pass
     if train.laws is None:

@@ -94,7 +94,7 @@ def _families(result: FitResult) -> list[_Family]:
 def render_all(result: FitResult) -> list[Rendered]:
     with matplotlib.rc_context(STYLE):
         return [_render(stem, title, caption, draw(result))
-                for stem, title, caption, draw in FIGURES]
+                for stem, title, caption, draw in figures_for(result)]
 
 
 def _render(stem: str, title: str, caption: str, fig: Figure) -> Rendered:
@@ -341,6 +341,51 @@ def residuals_figure(result: FitResult) -> Figure:
     return fig
 
 
+# --- (6) the held-out prediction -----------------------------------------------------------
+
+def holdout_figure(result: FitResult) -> Figure:
+    """Per family: the training minima and the pure law fitted through them, extended to the
+    held-out budget with its bootstrap band, and the held-out budget's own minimum."""
+    fig = Figure(figsize=(8.5, 5.5), layout="constrained")
+    ax = fig.subplots()
+    level = result.options.level
+    for fam, h in zip(_families(result), result.holdouts):
+        if h is None:
+            continue
+        used = [m for m in h.train.minima if m.used]
+        for m in used:
+            ax.scatter([m.budget], [m.loss_opt], s=30, color=fam.color, zorder=3)
+        laws = h.train.laws
+        if laws is not None:
+            x = np.geomspace(min(m.budget for m in used) / 1.3, h.budget * 1.3, CURVE_POINTS)
+            ax.plot(x, _power(laws.A, -laws.alpha, x), color=fam.color, lw=1.5,
+                    label=f"{fam.fit.name}: fitted on {len(used)} budgets")
+            samples = None if h.boot is None else [h.boot.samples[k] for k in ("A", "alpha")]
+            band = _band(samples, x, level, -1.0)
+            if band is not None:
+                ax.fill_between(x, band[0], band[1], color=fam.color, alpha=0.15, lw=0)
+        if h.observed.used:
+            ci = None if h.boot is None else h.boot.interval("observed_loss")
+            ax.scatter([h.budget], [h.observed.loss_opt], marker="*", s=160, color=fam.color,
+                       edgecolors="black", linewidths=0.7, zorder=4)
+            if ci is not None:
+                ax.errorbar([h.budget], [h.observed.loss_opt], color=fam.color, capsize=3,
+                            yerr=[[max(h.observed.loss_opt - ci[0], 0)],
+                                  [max(ci[1] - h.observed.loss_opt, 0)]], fmt="none")
+    if result.holdout_budget is not None:
+        ax.axvline(result.holdout_budget, color="grey", lw=0.8, ls="--")
+    _loglog(ax, "compute C (FLOPs)", "loss at the IsoFLOP minimum  L_opt", plain_y=True)
+    ax.set_title("Held-out budget: the law fitted below it, its prediction band, the observed "
+                 "minimum (star)")
+    _legend(ax, "upper right")
+    return fig
+
+
+def figures_for(result: FitResult) -> tuple:
+    """FIGURES, with the held-out figure when the fit ran a held-out check."""
+    return FIGURES + ((HOLDOUT_FIGURE,) if result.holdout_budget is not None else ())
+
+
 # (stem, title, caption, function): the report shows them in this order.
 FIGURES = (
     ("isoflop", "IsoFLOP curves",
@@ -360,3 +405,8 @@ FIGURES = (
      "The sparse-layers study's law L_opt = A_N N_opt^-α_N through the budget minima, with "
      "bootstrap bands.", loss_vs_params_figure),
 )
+HOLDOUT_FIGURE = (
+    "holdout", "Held-out prediction",
+    "Minima of the budgets below the held-out one (dots) with the pure power law fitted through "
+    "them, extended to the held-out budget (dashed line) with its bootstrap band; the star is "
+    "the held-out budget's own minimum with its interval.", holdout_figure)

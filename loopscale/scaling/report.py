@@ -23,10 +23,13 @@ ISOFLOP_NOTE = ("IsoFLOP (Chinchilla approach 2), power laws through the per-bud
                 "sparse-layers study's form), L_opt = E + A_E·C^-α_E, and with unique "
                 "parameters U: L_opt = A_U·U_opt^-α_U, U_opt ∝ C^u.")
 PARAMETRIC_COLUMNS = (("E", "E"), ("A", "A"), ("B", "B"), ("alpha", "α"), ("beta", "β"),
-                      ("a", "a"), ("b", "b"))
+                      ("a", "a"), ("b", "b"), ("residual_sd", "residual SD (nats)"),
+                      ("lack_of_fit_90_halfwidth", "90% lack of fit ±"))
 PARAMETRIC_NOTE = ("Parametric (Chinchilla approach 3): L = E + A/N^α + B/D^β fitted to every "
                    "run; its compute-optimal allocation under C = 6ND is N_opt ∝ C^a, "
-                   "D_opt ∝ C^b.")
+                   "D_opt ∝ C^b. Goodness of fit: the residual SD of L − L̂ in nats, and "
+                   "Marin's "
+                   "90% lack-of-fit half-width (Student t at n − p degrees of freedom).")
 PAIR_COLUMNS = (("compute_multiplier", "compute × (pure law)"),
                 ("compute_multiplier_saturating", "compute × (saturating)"),
                 ("compute_multiplier_parametric", "compute × (parametric)"),
@@ -77,17 +80,28 @@ def num(v: Any) -> str:
     return "–" if v is None else f"{v:.4g}"
 
 
-def with_ci(v: Any, ci: Any) -> Num:
+def with_ci(v: Any, ci: Any, why: str | None = None) -> Num:
+    """A figure and its interval; `why` (e.g. "not identified (26% of refits failed)") stands
+    in for an interval the bootstrap could not give."""
+    if v is not None and why:
+        return Num(num(v), why)
     return Num(num(v), "" if v is None or ci is None else f"[{num(ci[0])}, {num(ci[1])}]")
+
+
+def fig_ci(fit: dict[str, Any], key: str) -> Num:
+    """with_ci of fit.json's figure `key` of one fit object (its X, X_ci, not_identified)."""
+    return with_ci(fit.get(key), fit.get(f"{key}_ci"), fit.get("not_identified", {}).get(key))
 
 
 # --- the outline --------------------------------------------------------------------------
 
 def outline(doc: dict[str, Any], figures: Sequence[FigureRef]) -> list[Section]:
     t, o = doc["table"], doc["options"]
-    intervals = (f"{100 * o['level']:g}% percentile bootstrap intervals over {o['bootstrap']} "
-                 f"resamples (seed {o['seed']})" if o["bootstrap"] else
-                 "no bootstrap, so no intervals")
+    intervals = (f"{100 * o['level']:g}% percentile cluster-bootstrap intervals over "
+                 f"{o['bootstrap']} resamples (seed {o['seed']}): {_resampling(doc)}; a figure "
+                 "whose refits failed on more than 10% of the resamples has no interval and "
+                 "is marked 'not identified', since an interval over the survivors would be "
+                 "too narrow" if o["bootstrap"] else "no bootstrap, so no intervals")
     summary = (f"{t['source']}: {t['rows']} rows, {t['fitted']} runs fitted, {t['excluded']} "
                f"excluded, {len(doc['families'])} famil{'y' if len(doc['families']) == 1 else 'ies'}"
                f" ({', '.join(doc['families'])}). N = {t['params_column']}, D = "
@@ -95,18 +109,113 @@ def outline(doc: dict[str, Any], figures: Sequence[FigureRef]) -> list[Section]:
                f"{t['budgets']}. Per-budget minima by {'smoothing spline' if o['spline'] else 'parabola'}"
                f" in ln N; {intervals}.")
     warnings = doc["warnings"]
-    return [
+    sections = [
         Section("Summary", "summary", (summary,)),
         Section("Warnings", "warnings",
                 (Bullets(tuple(warnings)),) if warnings else ("None.",)),
         Section("Exponents", "exponents", (
-            ISOFLOP_NOTE, _family_table(doc, "isoflop", ISOFLOP_COLUMNS),
-            PARAMETRIC_NOTE, _family_table(doc, "parametric", PARAMETRIC_COLUMNS))),
+            _counts_note(doc), ISOFLOP_NOTE, _family_table(doc, "isoflop", ISOFLOP_COLUMNS),
+            _failures(doc, "isoflop"),
+            PARAMETRIC_NOTE, _family_table(doc, "parametric", PARAMETRIC_COLUMNS),
+            _failures(doc, "parametric"), *_attn(doc))),
+        Section("IsoFLOP estimators", "estimators", _estimators(doc)),
         Section("Family comparison", "comparison", _comparison(doc)),
+    ]
+    if "holdout" in doc:
+        sections.append(Section("Held-out prediction", "holdout", _holdout(doc)))
+    if "recurrence" in doc:
+        from loopscale.scaling.recurrence import report_lines
+
+        sections.append(Section("Recurrence law", "recurrence", (
+            RECURRENCE_NOTE, Bullets(tuple(report_lines(doc["recurrence"]))))))
+    return sections + [
         Section("Figures", "figures", tuple(figures)),
         Section("IsoFLOP minima", "minima", _minima(doc)),
         Section("Excluded runs", "excluded", _excluded(doc)),
     ]
+
+
+RECURRENCE_NOTE = ("The iso-depth law (Schwethelm et al. 2026) fitted across the runs that share "
+                   "a backbone: L = E + A·(N_once + r^φ·N_rec)^-α + B·D^-β, N_rec the looped "
+                   "block's parameters, N_once the rest, r the loop count; φ = 0: a loop pass "
+                   "adds nothing, φ = 1: it is worth new parameters (the paper: φ = 0.46).")
+
+
+def _resampling(doc: dict[str, Any]) -> str:
+    units = {f[k]["bootstrap"]["resampling"] for f in doc["families"].values()
+             for k in ("isoflop", "parametric") if f[k].get("bootstrap")}
+    return "; ".join(sorted(units)) or "no bootstrap ran"
+
+
+def _counts_note(doc: dict[str, Any]) -> str:
+    c = next(iter(doc["families"].values()))["isoflop"]["counts"]
+    conv = ", ".join(c["flop_convention"]) if c["flop_convention"] else "not stated by the table"
+    return (f"Every exponent below is relative to N = {c['params']} ({c['params_meaning']}) and "
+            f"C = {c['flops']} (FLOP convention: {conv}).")
+
+
+def _failures(doc: dict[str, Any], approach: str) -> str:
+    parts = []
+    for name, fam in doc["families"].items():
+        b = fam[approach].get("bootstrap")
+        if b:
+            parts.append(f"{name} {b['failed']}/{b['resamples']} ({100 * b['failed_share']:.0f}%)"
+                         f" over {b['clusters']} clusters")
+    return ("Failed bootstrap refits: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _attn(doc: dict[str, Any]) -> tuple[Any, ...]:
+    fams = doc["families"]
+    if all(f["isoflop"]["under_6n_attn"].get("a") is None for f in fams.values()):
+        return ()
+    keys = (("a", "a"), ("b", "b"), ("alpha", "α"), ("alpha_N", "α_N"))
+    rows = tuple((name, *(num(f["isoflop"]["under_6n_attn"].get(k)) for k, _ in keys),
+                  *(num(f["isoflop"].get(k)) for k, _ in keys)) for name, f in fams.items())
+    return ("The headline IsoFLOP exponents with each budget's compute counted as 6N plus the "
+            "T×T attention matmuls (6n_attn; small models are where 6N undercounts), beside "
+            "the table's own convention (point values; no bootstrap).",
+            Table(("family", *(f"{label} (6n_attn)" for _, label in keys),
+                   *(label for _, label in keys)), rows))
+
+
+def _estimators(doc: dict[str, Any]) -> tuple[Any, ...]:
+    rows = []
+    for name, fam in doc["families"].items():
+        iso, alt = fam["isoflop"], fam["isoflop"]["alternative"]
+        est = iso["estimator"]
+        rows.append((name, est["headline"], num(iso.get("a")), str(iso["budgets_used"]),
+                     alt["method"], num(alt.get("a")), str(alt["budgets_used"]),
+                     est["warning"] or est["reason"]))
+    return ("Approach 2 is biased by the width of the size grid and by where the minimum falls "
+            "in it (arXiv 2603.22339): each budget's centring (0 = smallest size, 1 = largest) "
+            "is in the minima table, and the exponent a (N_opt ∝ C^a) is shown under both "
+            "estimators. The headline uses the one named first.",
+            Table(("family", "headline", "a", "budgets", "other", "a (other)", "budgets",
+                   "why / warning"), tuple(rows)))
+
+
+def _holdout(doc: dict[str, Any]) -> tuple[Any, ...]:
+    h = doc["holdout"]
+    rows = []
+    for name, f in h["families"].items():
+        if "train_budgets" not in f:  # no runs at the held-out budget
+            rows.append((name, f"skipped: {f['skipped']}") + ("",) * 6)
+            continue
+        trained = ", ".join(num(b) for b in f["train_budgets"]) or "–"
+        if f["skipped"]:  # no IsoFLOP law; the parametric fit may still predict
+            trained += f" (IsoFLOP: {f['skipped']})"
+        rows.append((name, trained,
+                     fig_ci(f, "predicted_loss"), fig_ci(f, "observed_loss"), fig_ci(f, "error"),
+                     fig_ci(f, "error_saturating"), num(f.get("error_parametric")),
+                     fig_ci(f, "error_log_n_opt")))
+    return (f"Leave-future-out check: every fit refitted on the budgets below C = "
+            f"{num(h['budget'])} ({h['spec']}), its prediction of that budget's loss-optimal "
+            "loss and size against the budget's own minimum. Errors are predicted − observed "
+            "(nats; ln N_opt), intervals from one cluster bootstrap of training and held-out "
+            "runs together.",
+            Table(("family", "trained on C", "predicted L_opt", "observed L_opt",
+                   "error (pure law)", "error (saturating)", "error (parametric)",
+                   "error ln N_opt"), tuple(rows)))
 
 
 def _family_table(doc: dict[str, Any], approach: str, columns) -> Table:
@@ -123,8 +232,7 @@ def _family_table(doc: dict[str, Any], approach: str, columns) -> Table:
         if fit.get("skipped") and all(fit.get(k) is None for k, _ in columns):
             rows.append(lead + (f"skipped: {fit['skipped']}",) + ("",) * (len(columns) - 1))
         else:
-            rows.append(lead + tuple(with_ci(fit.get(k), fit.get(f"{k}_ci"))
-                                     for k, _ in columns))
+            rows.append(lead + tuple(fig_ci(fit, k) for k, _ in columns))
     if not columns:  # no family has this fit: one column saying why for each
         return Table(header + ("fit",), tuple(
             r[:len(header)] + (f"skipped: {fam[approach].get('skipped') or 'no figures'}",)
@@ -142,11 +250,13 @@ def _comparison(doc: dict[str, Any]) -> tuple[Any, ...]:
         at = (f"C = {num(p['target_compute'])} (L = {num(p['target_loss'])})"
               if p["target"] == "compute" else f"L = {num(p['target_loss'])}")
         rows.append((f"{p['other']} vs {p['reference']}", at)
-                    + tuple(with_ci(p[k], p[f"{k}_ci"]) for k, _ in columns))
+                    + tuple(fig_ci(p, k) for k, _ in columns)
+                    + (p.get("extrapolation") or "within the fitted budgets",))
     note = ("Compute multiplier: how many times the reference's compute the other family needs "
             "for the same loss (> 1: the other is less compute-efficient), on each frontier. "
             "Unique params ratio: the other's stored parameters over the reference's at that loss.")
-    return (note, Table(("pair", "at") + tuple(label for _, label in columns), tuple(rows)))
+    return (note, Table(("pair", "at") + tuple(label for _, label in columns)
+                        + ("fitted range",), tuple(rows)))
 
 
 def _minima(doc: dict[str, Any]) -> tuple[Any, ...]:
@@ -157,14 +267,15 @@ def _minima(doc: dict[str, Any]) -> tuple[Any, ...]:
                 hidden += 1  # a table not from an IsoFLOP sweep has many; the warnings count them
                 continue
             rows.append((name, num(m["budget"]), str(m["sizes"]), str(m["runs"]),
-                         with_ci(m["params_opt"], m["params_opt_ci"]),
-                         with_ci(m["tokens_opt"], m["tokens_opt_ci"]),
-                         with_ci(m["loss_opt"], m["loss_opt_ci"]),
+                         fig_ci(m, "params_opt"), fig_ci(m, "tokens_opt"), fig_ci(m, "loss_opt"),
+                         num(m.get("centring")), num(m.get("grid_dex")),
+                         f"{m.get('alt_method') or '–'}: {num(m.get('alt_params_opt'))}",
                          "yes" if m["used"] else "no", m["reason"] or ""))
     blocks: list[Any] = []
     if rows:
         blocks.append(Table(("family", "budget C", "sizes", "runs", "N_opt", "D_opt", "L_opt",
-                             "used", "why not used"), tuple(rows)))
+                             "centring", "grid (dex)", "other estimator's N_opt", "used",
+                             "why not used"), tuple(rows)))
     if hidden or not rows:
         blocks.append(f"{hidden} budget(s) with under 3 model sizes have no minimum and are "
                       "not listed.")

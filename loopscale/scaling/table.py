@@ -22,6 +22,8 @@ Columns (names are part of the command-line contract):
   params_once, params_rec, n_loops  (optional, from `collect`) the parameters used once, those
            inside the looped block, and the loop count: the recurrence law's inputs
            (recurrence.py); rows without them are fitted by everything else
+  flop_convention  (optional, from `collect`) what `flops` counts (flops.py), written beside
+           every exponent in fit.json
   params_rec_active, ffn  (optional, from `collect`) the looped block's parameters active per
            token and the FFN kind: the recurrence law fits dense and MoE backbones apart
 
@@ -48,6 +50,7 @@ RUN, FAMILY, PARAMS, TOKENS, FLOPS, LOSS, BUDGET, UNIQUE = (
 CLUSTER = "cluster"  # the bootstrap's unit: branch_of when set, else the run (else the row)
 PARAMS_ONCE, PARAMS_REC, N_LOOPS = "params_once", "params_rec", "n_loops"
 PARAMS_REC_ACTIVE, FFN = "params_rec_active", "ffn"  # optional: tell MoE backbones from dense
+FLOP_CONVENTION = "flop_convention"  # optional: the convention `flops` was counted under
 RECURRENCE_COLUMNS = (PARAMS_ONCE, PARAMS_REC, N_LOOPS)
 FLOPS_ATTN = "flops_6n_attn"  # the compute of the 6n_attn convention, when collect wrote it
 ALL_FAMILY = "all"
@@ -98,6 +101,7 @@ class ResultsTable:
     has_clusters: bool = False  # some run is a branch of a trunk (see CLUSTER)
     has_recurrence: bool = False  # params_once, params_rec and n_loops are columns
     has_flops_attn: bool = False  # FLOPS_ATTN is a column (a 6n_attn refit is possible)
+    flop_conventions: tuple[str, ...] = ()  # the flop_convention column's values, if any
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -195,13 +199,17 @@ def prepare_table(frame: pd.DataFrame, columns: Columns = Columns(),
             excluded.append(Excluded(row=i, run=row[RUN], family=row[FAMILY], status=st,
                                      reason=reason))
     runs = out.iloc[keep].copy()
+    conventions = ()
+    if FLOP_CONVENTION in frame.columns:
+        conventions = tuple(str(v) for v in pd.unique(frame[FLOP_CONVENTION].iloc[keep].dropna()))
     if runs.empty:
         raise UsageError(f"{source}: no row to fit ({len(excluded)} of {len(out)} rows excluded: "
                          f"{excluded[0].reason if excluded else 'the table is empty'})")
     return ResultsTable(runs=runs, excluded=tuple(excluded), source=source, n_rows=len(out),
                         columns=columns, flops_source=flops_source, has_budget=has_budget,
                         has_unique=has_unique, has_clusters=has_clusters,
-                        has_recurrence=has_recurrence, has_flops_attn=has_flops_attn)
+                        has_recurrence=has_recurrence, has_flops_attn=has_flops_attn,
+                        flop_conventions=conventions)
 
 
 def _clusters(frame: pd.DataFrame, runs: pd.Series, branch_of: str) -> tuple[list, bool]:
