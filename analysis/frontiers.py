@@ -30,20 +30,22 @@ import math
 import common
 import numpy as np
 
-from loopscale.commands.common import add_fit_args
+from loopscale.commands.common import add_fit_args, fit_options_args
 from loopscale.config import FFNKind
 from loopscale.errors import UsageError
 from loopscale.evaluate.early_exit import SAVED_TARGETS
 from loopscale.scaling import report as rep
 from loopscale.scaling.report import Section, Table
 
-FIT_SECTIONS = ("warnings", "exponents", "comparison", "minima")
-FIT_FIGURES = ("isoflop", "frontiers", "loss_vs_params")
+FIT_SECTIONS = ("warnings", "exponents", "estimators", "comparison", "holdout", "recurrence",
+                "minima")
+FIT_FIGURES = ("isoflop", "frontiers", "loss_vs_params", "holdout")
 
 
 def fit(args: argparse.Namespace) -> tuple[dict | None, list, str | None]:
     """(fit.json document, figures, why there is no fit) of the sweep, as `loopscale report`
-    fits it (its flags: --params-column, --bootstrap, --seed, --level, --spline, --grid)."""
+    fits it (its flags: --params-column, --bootstrap, --seed, --level, --spline, --grid,
+    --holdout, --fit.E_min/--fit.E_max)."""
     import matplotlib
 
     from loopscale.scaling import FitError, plots
@@ -54,15 +56,14 @@ def fit(args: argparse.Namespace) -> tuple[dict | None, list, str | None]:
     columns = Columns(params=args.params_column, tokens=args.tokens_column,
                       loss=args.loss_column, flops=args.flops_column)
     try:
-        result = fitting.fit_results(results_table(args.workdir, columns), fitting.FitOptions(
-            bootstrap=args.bootstrap, seed=args.seed, level=args.level, spline=args.spline,
-            grid=args.grid))
+        result = fitting.fit_results(results_table(args.workdir, columns),
+                                     fitting.FitOptions(**fit_options_args(args)))
         doc = fitting.fit_document(result, args.workdir)
     except (UsageError, FitError) as e:  # a sweep not yet fittable still gets the rest
         return None, [], str(e)
     figures = []
     with matplotlib.rc_context(plots.STYLE):
-        for stem, title, caption, draw in plots.FIGURES:
+        for stem, title, caption, draw in plots.figures_for(result):
             if stem in FIT_FIGURES:
                 figures.append(common.Figure(stem, title, caption, common.png(draw(result))))
     return doc, figures, None
