@@ -103,6 +103,13 @@ CATALOGUE = [
       for command, out in [("fit", "--out={tmp}/fit.json"), ("report", "--out={tmp}/report")]],
     *[([command, "{bad}/dup_rows.csv", out], "run_id r0 appears 2 times (collected twice?)")
       for command, out in [("fit", "--out={tmp}/fit.json"), ("report", "--out={tmp}/report")]],
+    # Bounds on E and held-out budgets that cannot be.
+    (["fit", "{bad}/two_rows.csv", "--out={tmp}/fit.json", "--fit.E_min=2", "--fit.E_max=1"],
+     "--fit.E_min 2.0 is above --fit.E_max 1.0"),
+    (["report", "{bad}/two_rows.csv", "--out={tmp}/report", "--fit.E_min=-1"],
+     "--fit.E_min must be > 0, got -1.0"),
+    (["fit", "{bad}/two_rows.csv", "--out={tmp}/fit.json", "--holdout=soon"],
+     "--holdout takes 'largest' or a budget in FLOPs, got 'soon'"),
     # Workdirs that cannot hold a run: refused before any work.
     *_workdir_rows(),
 ]

@@ -23,9 +23,13 @@ def results_table(path):
                 d = c / (6 * n)
                 loss = (E + A * (n / s) ** -ALPHA + B * (d / s) ** -BETA) * np.exp(
                     rng.normal(0, 0.001))
+                loops = 1 if family == "base" else 2
                 rows.append({"run_id": f"{family}-{c:.0e}-{i}", "family": family,
                              "params": n, "params_unique": stored * n, "tokens": d,
-                             "loss": loss, "status": "completed"})
+                             "loss": loss, "status": "completed",
+                             # the recurrence law's inputs (collect's columns)
+                             "params_once": 0.2 * stored * n, "params_rec": 0.8 * stored * n,
+                             "n_loops": loops})
     rows.append(dict(rows[0], run_id="base-diverged", status="diverged", loss=9.0))
     rows.append(dict(rows[1], run_id="base-running", status="running", loss=np.nan))
     pd.DataFrame(rows).to_csv(path, index=False)
@@ -56,6 +60,53 @@ def test_fit_json_schema(fitted):
     assert {"budget", "params_opt", "params_opt_ci", "tokens_opt", "loss_opt", "on_edge",
             "used", "params_unique_opt"} <= set(minimum)
     assert fam["parametric"]["alpha"] == pytest.approx(ALPHA, abs=0.02)
+
+
+def test_intervals_say_their_unit_and_failures(fitted):
+    doc = json.loads((fitted / "fit.json").read_text())
+    for fam in doc["families"].values():
+        for approach in ("isoflop", "parametric"):
+            boot = fam[approach]["bootstrap"]
+            assert boot["resampling"] == "runs" and boot["resamples"] == 40
+            assert boot["failed_share"] == boot["failed"] / 40
+            # a figure with an interval is identified; one without a point has no interval
+            for key, why in fam[approach]["not_identified"].items():
+                assert fam[approach][f"{key}_ci"] is None and why.startswith("not identified (")
+        assert fam["isoflop"]["estimator"]["headline"] == "parabola"
+        assert fam["isoflop"]["counts"]["params"] == "params"
+        assert fam["parametric"]["residual_sd"] < 0.01  # 0.1% noise on losses near 2
+        assert fam["fitted_flops"] == pytest.approx([1e18, 1e20])
+
+
+def test_recurrence_law_across_loop_counts(fitted, tmp_path):
+    doc = json.loads((fitted / "fit.json").read_text())
+    law = doc["recurrence"]
+    assert law["loop_counts"] == [1, 2] and law["families"] == ["base", "looped"]
+    assert 0.0 <= law["phi"] <= 1.0 and law["n_runs"] == 56
+    # One loop count: no law, and why in one line.
+    frame = pd.read_csv(fitted / "results.csv")
+    frame[frame["family"] == "base"].to_csv(tmp_path / "base.csv", index=False)
+    assert main(["fit", str(tmp_path / "base.csv"), "--grid=small", "--bootstrap=0",
+                 f"--out={tmp_path / 'base.json'}"]) == 0
+    base = json.loads((tmp_path / "base.json").read_text())
+    assert "recurrence" not in base
+    assert [w for w in base["warnings"] if w.startswith("no recurrence law: one loop count")]
+
+
+def test_branches_of_a_trunk_are_resampled_together(fitted, tmp_path):
+    """The i-th size of every budget is a branch of trunk i: the bootstrap draws the 7 trunks
+    (the excluded runs are not fitted) and says so."""
+    frame = pd.read_csv(fitted / "results.csv")
+    frame = frame[frame["family"] == "base"].copy()
+    frame["branch_of"] = ["trunk-" + r.rsplit("-", 1)[1] if r.count("-") == 2 else ""
+                          for r in frame["run_id"]]
+    frame.to_csv(tmp_path / "branches.csv", index=False)
+    assert main(["fit", str(tmp_path / "branches.csv"), "--grid=small", "--bootstrap=40",
+                 "--seed=3", f"--out={tmp_path / 'b.json'}"]) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    boot = doc["families"]["base"]["parametric"]["bootstrap"]
+    assert boot["resampling"].startswith("trunks") and boot["clusters"] == 7
+    assert doc["families"]["base"]["isoflop"]["bootstrap"]["clusters"] == 7
 
 
 def test_excluded_runs_are_listed_with_their_status(fitted):

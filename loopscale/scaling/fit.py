@@ -214,6 +214,9 @@ def fit_family(name: str, table: tbl.ResultsTable, options: FitOptions) -> Famil
 
 
 def fit_results(table: tbl.ResultsTable, options: FitOptions = FitOptions()) -> FitResult:
+    if options.holdout not in (None, ho.LARGEST):  # a budget the table lacks: before any fit
+        ho.resolve_budget(options.holdout, np.concatenate(
+            [family_runs(table, f, options.budget_tolerance).budgets for f in table.families]))
     families = tuple(fit_family(name, table, options) for name in table.families)
     by_name = {f.name: f for f in families}
     pairs = options.pairs if options.pairs is not None else cmp.default_pairs(table.families)
