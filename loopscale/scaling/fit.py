@@ -101,6 +101,7 @@ from loopscale.scaling import table as tbl
 from loopscale.scaling import recurrence as rec
 from loopscale.scaling.bootstrap import Bootstrap
 from loopscale.scaling.frontier_laws import FrontierLaws
+from loopscale.scaling.jsonable import clean
 from loopscale.scaling.runs import FamilyRuns, family_runs
 
 SCHEMA_VERSION = 2
@@ -314,7 +315,7 @@ def to_json(result: FitResult) -> dict[str, Any]:
         doc["holdout"] = _holdout_json(result)
     if result.recurrence is not None:
         doc["recurrence"] = result.recurrence
-    return _clean(doc)
+    return clean(doc)
 
 
 def _holdout_json(result: FitResult) -> dict[str, Any]:
@@ -445,21 +446,6 @@ def _minimum_json(i: int, m: iso.BudgetMinimum, boot: Bootstrap | None,
         out.update(sd_log_params=m.sd_log_params, sd_log_tokens=m.sd_log_tokens,
                    sd_log_loss=m.sd_log_loss)
     return out
-
-
-def _clean(value: Any) -> Any:
-    """JSON-ready: numpy scalars to Python, tuples to lists, NaN and inf to null."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
 
 
 # --- the printed table --------------------------------------------------------------------

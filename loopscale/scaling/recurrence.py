@@ -81,6 +81,7 @@ from loopscale.scaling import FitError
 from loopscale.scaling import table as tbl
 from loopscale.scaling.bootstrap import Bootstrap, design, run_bootstrap
 from loopscale.scaling.budget_minima import BUDGET_TOLERANCE_DEX, assign_budgets
+from loopscale.scaling.jsonable import clean
 from loopscale.scaling.parametric import HUBER_DELTA, single_threaded_blas
 
 FIGURES = ("phi", "E", "A", "B", "alpha", "beta")
@@ -464,7 +465,7 @@ def recurrence_json(table: tbl.ResultsTable, bootstrap: int = 0, seed: int = 0,
                                      if active is not None
                                      else {"skipped": "the table has no params_rec_active "
                                                       "column"})}
-    return _clean(out)
+    return clean(out)
 
 
 def _moe_mask(runs: pd.DataFrame, rec: np.ndarray, active: np.ndarray | None):
@@ -534,21 +535,6 @@ def _group_json(frame: pd.DataFrame, once: np.ndarray, rec: np.ndarray,
 
 def _int(v: float) -> int | float:
     return int(v) if float(v).is_integer() else float(v)
-
-
-def _clean(value: Any) -> Any:
-    """JSON-ready: numpy scalars to Python, tuples to lists, NaN and inf to None."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
 
 
 # --- the report -----------------------------------------------------------------------------
