@@ -97,8 +97,8 @@ from loopscale.scaling import compare as cmp
 from loopscale.scaling import holdout as ho
 from loopscale.scaling import isoflop as iso
 from loopscale.scaling import parametric as par
-from loopscale.scaling import table as tbl
 from loopscale.scaling import recurrence as rec
+from loopscale.scaling import table as tbl
 from loopscale.scaling.bootstrap import Bootstrap
 from loopscale.scaling.frontier_laws import FrontierLaws
 from loopscale.scaling.jsonable import clean
