@@ -129,9 +129,7 @@ class Bootstrap:
     def not_identified(self, name: str) -> str | None:
         """Why `name` has no interval, or None if it has one."""
         share = self.failure_share(name)
-        if share > MAX_FAILED_SHARE:
-            return f"not identified ({100 * share:.0f}% of refits failed)"
-        return None
+        return not_identified(share) if share > MAX_FAILED_SHARE else None
 
     def interval(self, name: str) -> tuple[float, float] | None:
         """The central `level` percentile interval of one figure; None if it is not identified
@@ -155,6 +153,14 @@ class Bootstrap:
         if self.design is not None:
             out.update(self.design.to_json())
         return out
+
+
+def not_identified(share: float) -> str:
+    """The reason a figure failing in `share` of its refits has no interval. Near the
+    threshold one decimal, so that 10.3% does not read as the 10% that would be allowed."""
+    percent = 100.0 * share
+    shown = f"{percent:.1f}" if percent < 11.0 else f"{percent:.0f}"
+    return f"not identified ({shown}% of refits failed)"
 
 
 def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float] | None:

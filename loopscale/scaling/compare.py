@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from loopscale.scaling.bootstrap import MAX_FAILED_SHARE, percentile_interval
+from loopscale.scaling.bootstrap import MAX_FAILED_SHARE, not_identified, percentile_interval
 
 # Figures compared side by side, by approach.
 EXPONENTS = {
@@ -126,8 +126,14 @@ def pure_loss(fig, flops):
     return _get(fig, "A") * np.power(flops, -_get(fig, "alpha"))
 
 
+def _falling(exponent):
+    # A law whose loss does not fall with compute (exponent <= 0) reaches no target: NaN, so
+    # a resample with such a law counts as failed rather than as a finite, absurd compute.
+    return np.where(exponent > 0, exponent, np.nan)
+
+
 def pure_compute(fig, loss):
-    return (_get(fig, "A") / loss) ** (1.0 / _get(fig, "alpha"))
+    return (_get(fig, "A") / loss) ** (1.0 / _falling(_get(fig, "alpha")))
 
 
 def saturating_loss(fig, flops):
@@ -142,7 +148,7 @@ def saturating_compute(fig, loss):
 
 
 def unique_params(fig, loss):
-    return (_get(fig, "A_U") / loss) ** (1.0 / _get(fig, "alpha_U"))
+    return (_get(fig, "A_U") / loss) ** (1.0 / _falling(_get(fig, "alpha_U")))
 
 
 def unique_params_saturating(fig, loss):
@@ -256,8 +262,7 @@ def _estimate(value: float, samples: np.ndarray | None, level: float) -> Estimat
     samples = np.asarray(samples, dtype=float)
     failed = float(np.mean(~np.isfinite(samples))) if samples.size else 1.0
     if failed > MAX_FAILED_SHARE:
-        return Estimate(value=value, ci=None,
-                        reason=f"not identified ({100 * failed:.0f}% of refits failed)")
+        return Estimate(value=value, ci=None, reason=not_identified(failed))
     return Estimate(value=value, ci=percentile_interval(samples, level))
 
 

@@ -113,9 +113,9 @@ def resolve_budget(spec: str, budgets: np.ndarray,
     except ValueError:
         raise UsageError(f"--holdout takes 'largest' or a budget in FLOPs, got {spec!r}") from None
     if wanted > 0:
-        close = available[np.abs(np.log10(available) - math.log10(wanted)) <= BUDGET_TOLERANCE_DEX]
-        if close.size:
-            return float(close[0])
+        distance = np.abs(np.log10(available) - math.log10(wanted))
+        if distance.min() <= BUDGET_TOLERANCE_DEX:
+            return float(available[np.argmin(distance)])  # the nearest: budgets may sit closer
     listed = ", ".join(f"{b:.3g}" for b in available[:12])
     raise UsageError(f"--holdout {spec}: no such budget in the table (budgets: {listed}"
                      f"{', ...' if available.size > 12 else ''})")

@@ -255,6 +255,10 @@ def bootstrap_isoflop(full: IsoFlopFit, budgets: np.ndarray, params: np.ndarray,
         minima = []
         for i, m_full in kept:
             sel = idx[b[idx] == m_full.budget]
+            if sel.size == 0:  # an unstratified draw (bootstrap.design) can miss a budget
+                minima.append(dataclasses.replace(m_full, used=False,
+                                                  reason="not in this resample"))
+                continue
             m = find_minimum(m_full.budget, n[sel], d[sel], y[sel],
                              None if u is None else u[sel], spline, brackets[m_full.budget])
             m = dataclasses.replace(m, sd_log_params=m_full.sd_log_params,
