@@ -155,6 +155,23 @@ def compute_at_optimum(params_opt: float, params: np.ndarray, flops: np.ndarray)
     return float(np.exp(np.interp(math.log(params_opt), sizes, log_c)))
 
 
+def resampled_minimum(like: BudgetMinimum, rows: np.ndarray, budgets: np.ndarray,
+                      params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
+                      unique: np.ndarray | None, spline: bool,
+                      bracket: tuple[float, float]) -> BudgetMinimum:
+    """A bootstrap refit of the full fit's minimum `like` on the resampled `rows` (indices
+    into the arrays), judged on the full budget's size range `bracket` and keeping its
+    weights. An unstratified draw (bootstrap.design) can miss the budget entirely: then the
+    minimum is unusable in that resample."""
+    sel = rows[budgets[rows] == like.budget]
+    if sel.size == 0:
+        return dataclasses.replace(like, used=False, reason="not in this resample")
+    m = find_minimum(like.budget, params[sel], tokens[sel], loss[sel],
+                     None if unique is None else unique[sel], spline, bracket)
+    return dataclasses.replace(m, sd_log_params=like.sd_log_params,
+                               sd_log_tokens=like.sd_log_tokens, sd_log_loss=like.sd_log_loss)
+
+
 def _find_minimum(budget: float, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,
                   unique: np.ndarray | None, spline: bool,
                   bracket: tuple[float, float] | None) -> BudgetMinimum:

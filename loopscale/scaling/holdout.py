@@ -37,7 +37,12 @@ from loopscale.scaling import FitError
 from loopscale.scaling import isoflop as iso
 from loopscale.scaling import parametric as par
 from loopscale.scaling.bootstrap import Bootstrap, design, run_bootstrap
-from loopscale.scaling.budget_minima import BUDGET_TOLERANCE_DEX, BudgetMinimum, find_minimum
+from loopscale.scaling.budget_minima import (
+    BUDGET_TOLERANCE_DEX,
+    BudgetMinimum,
+    find_minimum,
+    resampled_minimum,
+)
 from loopscale.scaling.frontier_laws import FrontierLaws, fit_laws
 from loopscale.scaling.runs import FamilyRuns
 
@@ -160,15 +165,8 @@ def _bootstrap(runs: FamilyRuns, held: np.ndarray, train: iso.IsoFlopFit,
                 for b in np.unique(sub.budgets)}
 
     def minimum(idx: np.ndarray, like: BudgetMinimum) -> BudgetMinimum:
-        sel = idx[sub.budgets[idx] == like.budget]
-        if sel.size == 0:  # an unstratified draw (see bootstrap.design) can miss a budget
-            return dataclasses.replace(like, used=False, reason="not in this resample")
-        m = find_minimum(like.budget, sub.params[sel], sub.tokens[sel], sub.loss[sel],
-                         None if sub.unique is None else sub.unique[sel], spline,
-                         brackets[like.budget])
-        return dataclasses.replace(m, sd_log_params=like.sd_log_params,
-                                   sd_log_tokens=like.sd_log_tokens,
-                                   sd_log_loss=like.sd_log_loss)
+        return resampled_minimum(like, idx, sub.budgets, sub.params, sub.tokens, sub.loss,
+                                 sub.unique, spline, brackets[like.budget])
 
     def refit(idx: np.ndarray) -> Mapping[str, float] | None:
         try:

@@ -48,7 +48,7 @@ import numpy as np
 
 from loopscale.scaling import FitError
 from loopscale.scaling.bootstrap import Bootstrap, design, run_bootstrap
-from loopscale.scaling.budget_minima import (  # noqa: F401 (the two marked)
+from loopscale.scaling.budget_minima import (  # noqa: F401 (the three marked)
     BUDGET_TOLERANCE_DEX,  # not used here: fit.py reads it as iso.BUDGET_TOLERANCE_DEX
     SPLINE_MIN_SIZES,
     BudgetMinimum,
@@ -56,7 +56,8 @@ from loopscale.scaling.budget_minima import (  # noqa: F401 (the two marked)
     budget_spread,
     compute_at_optimum,
     find_minima,
-    find_minimum,
+    find_minimum,  # not used here: the tests read it from isoflop
+    resampled_minimum,
 )
 from loopscale.scaling.frontier_laws import FIGURES, FrontierLaws, fit_laws
 
@@ -254,16 +255,7 @@ def bootstrap_isoflop(full: IsoFlopFit, budgets: np.ndarray, params: np.ndarray,
         figures: dict[str, float] = {}
         minima = []
         for i, m_full in kept:
-            sel = idx[b[idx] == m_full.budget]
-            if sel.size == 0:  # an unstratified draw (bootstrap.design) can miss a budget
-                minima.append(dataclasses.replace(m_full, used=False,
-                                                  reason="not in this resample"))
-                continue
-            m = find_minimum(m_full.budget, n[sel], d[sel], y[sel],
-                             None if u is None else u[sel], spline, brackets[m_full.budget])
-            m = dataclasses.replace(m, sd_log_params=m_full.sd_log_params,
-                                    sd_log_tokens=m_full.sd_log_tokens,
-                                    sd_log_loss=m_full.sd_log_loss)
+            m = resampled_minimum(m_full, idx, b, n, d, y, u, spline, brackets[m_full.budget])
             minima.append(m)
             if m.used:
                 figures.update({minimum_figure(i, f): getattr(m, f) for f in MIN_FIGURES})
