@@ -27,7 +27,6 @@ from matplotlib.ticker import LogFormatter, PercentFormatter
 from scipy.interpolate import make_smoothing_spline
 
 from loopscale.scaling import isoflop as iso
-from loopscale.scaling import table as tbl
 from loopscale.scaling.fit import FamilyFit, FitResult
 
 # Keys are names lower-cased with non-alphanumerics dropped: "Looped-MoE" == "looped_moe".
@@ -78,17 +77,9 @@ class _Family:
 
 def _families(result: FitResult) -> list[_Family]:
     colors = family_colors([f.name for f in result.families])
-    out = []
-    for fam in result.families:
-        runs = result.table.family(fam.name)
-        flops = runs[tbl.FLOPS].to_numpy(dtype=float)
-        # The budgets fit.fit_family grouped the runs into, so curves match the minima.
-        budgets = (runs[tbl.BUDGET].to_numpy(dtype=float) if result.table.has_budget
-                   else iso.assign_budgets(flops, result.options.budget_tolerance))
-        out.append(_Family(fam, colors[fam.name], runs[tbl.PARAMS].to_numpy(dtype=float),
-                           runs[tbl.TOKENS].to_numpy(dtype=float),
-                           runs[tbl.LOSS].to_numpy(dtype=float), flops, budgets))
-    return out
+    # The runs and budgets fit.fit_family fitted (runs.py), so curves match the minima.
+    return [_Family(fam, colors[fam.name], fam.runs.params, fam.runs.tokens, fam.runs.loss,
+                    fam.runs.flops, fam.runs.budgets) for fam in result.families]
 
 
 def render_all(result: FitResult) -> list[Rendered]:
