@@ -1,6 +1,9 @@
 """`loopscale fit`: every fit per family, bootstrap intervals, family comparison, the held-out
 check and the recurrence law -> fit.json.
 
+One module for one job, the command's result: running the fits per family, and the two views
+of them that only this module defines (fit.json below, and the short printed table).
+
 fit.json schema (version 2). Every figure X has its interval beside it as X_ci = [low, high]
 (percentile cluster bootstrap at `options.level`, bootstrap.py), null without bootstrap, when
 X itself is null, or when X is *not identified*: more than 10% of the bootstrap refits failed

@@ -62,6 +62,9 @@ table's runs) when its ffn is "moe", else (neither column) every run is one grou
   law is not extrapolated past the loop counts it saw).
 A group that cannot carry the law is {"skipped": "<why>"}; so is the whole object when the
 table has no recurrence columns.
+
+One law end to end (fit, bootstrap, fit.json object, report lines), as parametric.py is for
+approach 3: the pieces share the law's parameterisation and are not used apart.
 """
 
 from __future__ import annotations
