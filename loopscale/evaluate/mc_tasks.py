@@ -29,7 +29,10 @@ The prompts, for a question q with choices c_0 .. c_n and gold g:
 A prompt with k shots is `instructions`, then each shot's context followed by its gold
 continuation, then the question's context, separated by blank lines. A cloze task such as
 HellaSwag, or the shipped verse task, sets both prefixes to "" so the context is the bare text.
-Converting ARC, HellaSwag, PIQA and others into this format: docs/mc_tasks.md.
+`questions` turns a task into what mc.py scores: per question, one (context, continuation)
+request per choice, and for CF the PMI baselines (each continuation after `unconditional`);
+OLMES's own request files (olmes.py) arrive in the same shape. Converting ARC, HellaSwag, PIQA
+and others into this format: docs/mc_tasks.md.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from loopscale.errors import UsageError
+from loopscale.evaluate.mc_score import Request
 
 SHIPPED = "kjv_next_words.jsonl"  # the default task (evaluate/tasks/, made by mc_kjv.py)
 FEWSHOT_SEED = 1234  # drawn few-shot examples: generator seeded by (FEWSHOT_SEED, question)
@@ -63,6 +67,21 @@ class Example:
     question: str
     choices: tuple[str, ...]
     gold: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """One question as it is scored in one formulation, whatever wrote its prompts (this
+    module, or OLMES's request files)."""
+
+    choices: tuple[Request, ...]  # one (context, continuation) per choice, in choice order
+    gold: int  # the index of the right one
+    uncond: tuple[Request, ...] = ()  # the PMI baselines, one per choice (empty: no PMI)
+
+
+def chance(scored: Sequence[Question]) -> float:
+    """Expected accuracy of a uniform guess."""
+    return float(np.mean([1.0 / len(q.choices) for q in scored]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,12 +195,6 @@ def load_tasks(paths: Sequence[str]) -> tuple[Task, ...]:
     return tasks
 
 
-def fingerprint(paths: Sequence[str]) -> dict:
-    """What an mc result depends on besides the checkpoint: each task's content hash (and the
-    file's validity: a bad file is refused here, before a checkpoint is loaded)."""
-    return {"tasks": {t.name: t.sha256 for t in load_tasks(paths)}}
-
-
 # ---------------------------------------------------------------- prompts
 
 
@@ -220,3 +233,18 @@ def context(task: Task, index: int, formulation: Formulation) -> str:
         parts.append(query(task, shot, formulation) + continuations(shot, formulation)[shot.gold])
     parts.append(query(task, task.examples[index], formulation))
     return SHOT_SEPARATOR.join(parts)
+
+
+def questions(task: Task, formulation: Formulation, limit: int | None = None
+              ) -> tuple[Question, ...]:
+    """The task's first `limit` questions (None: all) as scored in `formulation`; the shots are
+    drawn from all of them either way, so a limited run sees the same prompts."""
+    out = []
+    for i, example in enumerate(task.examples[:limit]):
+        conts = continuations(example, formulation)
+        ctx = context(task, i, formulation)
+        # PMI's baseline is the cloze text alone; MCF's letters are alike, so it has none.
+        uncond = (tuple(Request(task.unconditional, c) for c in conts)
+                  if formulation is Formulation.CF else ())
+        out.append(Question(tuple(Request(ctx, c) for c in conts), example.gold, uncond))
+    return tuple(out)

@@ -10,21 +10,27 @@ which import `Loaded` from below and never this table.
             (loop_losses.py)
     early_exit  per token, exit at the first loop boundary (layer, without loops) whose
             logit-lens entropy is below tau; tau swept: perplexity against forward FLOPs
-            saved, and at 5/10/20/30% saved (the sparse-layers study's Table 7;
-            early_exit.py says how exits are simulated)
-    jsd     Jensen-Shannon divergence (bits) of each exit's distribution from the final one:
-            mean and spread over tokens, share of tokens below 0.5 (divergence.py)
+            saved, and at 5/10/20/30% saved (the sparse-layers study's Table 7), each with a
+            95% bootstrap interval over held-out sequences; a note says what the run's
+            flop_convention counts (early_exit.py says how exits are simulated)
+    jsd     Jensen-Shannon divergence (bits) of the logit-lens distribution at every depth
+            (after each layer of each loop, looped or not) from the final one: mean and spread
+            over tokens, share of tokens below 0.5, also per loop exit; the depth where half
+            the tokens are below, as a fraction of the depth (divergence.py)
     routing MoE top-k sets across loop passes per physical layer: identical / overlapping /
-            disjoint shares, distinct experts per token, load per (pass, layer, expert)
-            (routing.py)
+            disjoint shares beside random routing's (hypergeometric), distinct experts per
+            token, load per (pass, layer, expert) (routing.py)
     accuracy  permutation traversal: final-answer accuracy overall, per hop count and per loop
             exit, beside the shortcut accuracy (accuracy.py)
     lens    permutation traversal: the logit lens at every layer and loop boundary, at the
-            answer position: share naming the node after hop j, per iteration and depth (the
-            ladder), each iteration's best hop (lens.py, ladder.py)
+            answer position: share naming the node after hop j, per iteration, depth and
+            matched point (the ladder), each one's best hop and the ladder's scores (rank
+            correlation, distance from k H / K); none of it scored for a run at chance
+            (lens.py, ladder.py)
     probes  permutation traversal: linear probes for the node after hop j at every layer and
-            loop boundary, fitted on half the held-out examples and scored on the other half,
-            beside the lens on the same examples (probes.py, probe_fit.py); one process tested
+            loop boundary, fitted on 64 generated batches (L2 by cross-validation) and scored
+            on the held-out examples, beside the lens on them (probes.py, probe_fit.py); one
+            process tested
     patching  permutation traversal: the clean run's stream at each (loop, layer, position)
             replaced by a corrupted twin's (another start node): share of answers flipped to
             the corrupted run's and normalised logit difference, iteration (or layer) x
@@ -34,7 +40,9 @@ which import `Loaded` from below and never this table.
     mc      downstream multiple choice, OLMES-style: local JSONL tasks (--tasks; default the
             shipped KJV verse task) as cloze and lettered choices, log-likelihood scored with
             none / per-token / per-char / PMI normalisation, accuracy with bootstrap intervals
-            (mc.py, mc_score.py, mc_tasks.py; the format: docs/mc_tasks.md)
+            (mc.py, mc_score.py, mc_tasks.py; the format: docs/mc_tasks.md); --tasks=olmes: the
+            OLMES core nine from OLMES's own request files, each task's score the better of CF
+            and MCF under its primary normalisation, and their average (olmes.py)
 """
 
 from __future__ import annotations
@@ -44,8 +52,7 @@ import enum
 from loopscale.evaluate import (
     accuracy, act_grads, divergence, early_exit, lens, loop_losses, patching, probes, routing,
 )
-from loopscale.evaluate.mc import mc, plot_mc
-from loopscale.evaluate.mc_tasks import fingerprint
+from loopscale.evaluate.mc import fingerprint, mc, plot_mc
 
 
 class Measure(str, enum.Enum):
