@@ -170,6 +170,14 @@ def test_eval_measurement_steps_compile_in_micro_batches(step, v5p8):
     assert chunked < at_once / 2
 
 
+@pytest.mark.parametrize("step", ["eval:jsd", "eval:early_exit"])
+def test_eval_measurement_steps_lower_for_one_layer_run_once(step, v5p8):
+    """The cost estimate lowers the step at one layer run once (aot.compile.step_cost): a
+    measurement with no depth before the final one still has a program (it failed to trace)."""
+    config = _config("flt", "--config.model.n_loops=1", "--config.model.n_unique=1")
+    assert "stablehlo" in aot.lower(config, v5p8, step)[0].as_text()
+
+
 def test_routing_step_of_a_dense_model_is_refused(capsys):
     assert cli.main(["compile", "--config=experiments/base.py:tiny", "--topology=v5p:2x2x2",
                      "--step=eval:routing", "--no-cost"]) == 2

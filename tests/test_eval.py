@@ -99,6 +99,11 @@ def test_loops_of_a_looped_run_at_every_count(looped_run):
     np.testing.assert_allclose(got["mean"], mean, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(got["share_below"], ((js < 0.5) * mask).sum((1, 2)) / mask.sum(),
                                atol=1e-6)
+    # Measured at every depth now: the loop exits are its loop-boundary depths.
+    L = config.model.n_unique
+    assert got["depths"] == list(range(1, k * L + 1))
+    assert got["mean"] == [got["depth_mean"][j * L - 1] for j in range(1, k)]
+    assert got["mean_first_exit"] == got["depth_mean"][L - 1]
 
 
 def test_held_out_text_files_replace_the_runs_split(tmp_path, capsys):
@@ -151,9 +156,10 @@ def test_bad_eval_requests_exit_2_in_one_line(tmp_path, capsys, args, phrase):
     assert not (run / "eval").exists()
 
 
-def _exit_reference(run, batches: int, at_layers: bool):
-    """Per candidate exit, each token's logit-lens entropy (nats) and loss, from the whole
-    (C, N, T, V) logits in float64: (entropy_CxNxT, loss_CxNxT, mask_NxT)."""
+def _depth_reference(run, batches: int):
+    """Per depth (after every layer of every loop, depth-major), each token's logit-lens
+    entropy (nats), loss and JSD (bits) to the last depth, from the whole (K*L, N, T, V)
+    logits in float64; with the mask and the inputs (N, T)."""
     import jax
     import numpy as np
 
@@ -163,30 +169,51 @@ def _exit_reference(run, batches: int, at_layers: bool):
 
     config, params = load_run(run)
     params = jax.device_get(params)
-    model = LoopedLM(config.model, collect_layers=at_layers)
+    model = LoopedLM(config.model, collect_layers=True)
     train_cfg = dataclasses.replace(config.train, eval_batches=batches)
 
     @jax.jit  # the model's forward pass, compiled once for every batch (not run op by op)
-    def candidate_logits(params, inputs):
-        out = model.apply({"params": params}, inputs, readout=False)
-        hidden = out.layer_hidden[0] if at_layers else out.loop_hidden
+    def depth_logits(params, inputs):
+        hidden = model.apply({"params": params}, inputs, readout=False).layer_hidden
+        hidden = hidden.reshape(-1, *hidden.shape[2:])  # (K*L, B, T, D)
         return model.apply({"params": params}, hidden, method=LoopedLM.readout)
 
-    entropy, loss, mask = [], [], []
+    out = {"entropy": [], "loss": [], "js": [], "mask": [], "inputs": []}
     for b in data_lib.make_dataset(config.data, train_cfg, config.seed, "eval").iterator():
-        logits = candidate_logits(params, b["inputs"])
-        logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), -1))
-        entropy.append(-(np.exp(logp) * logp).sum(-1))
-        loss.append(-np.take_along_axis(logp, b["targets"][None, ..., None], -1)[..., 0])
-        mask.append(np.asarray(b["mask"], np.float64))
-    return np.concatenate(entropy, 1), np.concatenate(loss, 1), np.concatenate(mask, 0)
+        logp = np.asarray(jax.nn.log_softmax(np.asarray(depth_logits(params, b["inputs"]),
+                                                        np.float64), -1))
+        p, q = np.exp(logp), np.exp(logp[-1:])
+        m = 0.5 * (p + q)
+        out["js"].append((0.5 * (p * (logp - np.log(m))).sum(-1)
+                          + 0.5 * (q * (logp[-1:] - np.log(m))).sum(-1)) / np.log(2))
+        out["entropy"].append(-(p * logp).sum(-1))
+        out["loss"].append(-np.take_along_axis(logp, b["targets"][None, ..., None], -1)[..., 0])
+        out["mask"].append(np.asarray(b["mask"], np.float64))
+        out["inputs"].append(np.asarray(b["inputs"]))
+    return {k: np.concatenate(v, 0 if k in ("mask", "inputs") else 1) for k, v in out.items()}
+
+
+def _bootstrap_reference(sums_per_sequence: dict, inputs):
+    """`exit_step`'s bootstrap sums (`boot_*`) from per-sequence sums (N_tau, S) and (S,), with
+    the module's own replicate weights of the sequences' tokens: what the device computes."""
+    import jax
+    import numpy as np
+
+    from loopscale.evaluate import early_exit as exits
+
+    counts = np.asarray(jax.jit(exits.replicate_weights)(inputs), np.float64)  # (R, S)
+    return {"boot_loss": counts @ sums_per_sequence["loss"].T,
+            "boot_uses": counts @ sums_per_sequence["uses"].T,
+            "boot_weight": counts @ sums_per_sequence["weight"]}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["looped", "layers"])
-def test_early_exit_against_the_whole_logits(which, looped_run, tmp_path):
+def test_early_exit_against_the_whole_logits(which, looped_run, tmp_path, capsys):
     """A looped run exits at loop boundaries, a run without loops (the fixture's, 4 layers)
-    at its layers; every point of the tau sweep equals the exit rule applied by hand."""
+    at its layers; every point of the tau sweep equals the exit rule applied by hand, and the
+    intervals the bootstrap of the same per-sequence sums. The same reference gives the JSD
+    at every depth (jsd), for the looped run and the one without loops alike."""
     import numpy as np
 
     from loopscale.config.schema import FlopConvention
@@ -201,19 +228,25 @@ def test_early_exit_against_the_whole_logits(which, looped_run, tmp_path):
         shutil.copytree(FIXTURE, run)
     cfg = read_config(run)
     K, L = cfg.model.n_loops, cfg.model.n_unique
-    assert main(["eval", f"--workdir={run}", "--what=early_exit,ppl", "--batches=2"]) == 0
+    assert main(["eval", f"--workdir={run}", "--what=early_exit,ppl,jsd", "--batches=2"]) == 0
+    printed = capsys.readouterr().out
     got = json.loads((run / "eval" / "early_exit.json").read_text())
-    entropy, loss, mask = _exit_reference(run, 2, at_layers=which == "layers")
+    ref = _depth_reference(run, 2)
+    at = np.asarray([L * (k + 1) - 1 for k in range(K)] if K > 1 else range(L))  # candidates
+    entropy, loss, mask = ref["entropy"][at], ref["loss"][at], ref["mask"]
     C = entropy.shape[0]
     assert got["candidates"] == ("loop boundaries" if which == "looped" else "layers")
-    assert got["candidate_uses"] == ([L * (k + 1) for k in range(K)] if K > 1
-                                     else list(range(1, L + 1)))
+    assert got["candidate_uses"] == (at + 1).tolist()
     assert len(got["candidate_uses"]) == C and got["tokens"] == mask.sum()
-    want = []
+    want, per_sequence = [], {"loss": [], "uses": [], "weight": mask.sum(1)}
+    uses = np.asarray(got["candidate_uses"], np.float64)
     for tau in got["tau"]:
         below = np.concatenate([entropy[:-1] < tau, np.ones_like(entropy[:1], bool)])
         first = np.argmax(below, axis=0)
-        want.append((np.take_along_axis(loss, first[None], 0)[0] * mask).sum() / mask.sum())
+        exit_loss = np.take_along_axis(loss, first[None], 0)[0] * mask
+        want.append(exit_loss.sum() / mask.sum())
+        per_sequence["loss"].append(exit_loss.sum(1))
+        per_sequence["uses"].append((uses[first] * mask).sum(1))
     # The tiny looped model's entropies crowd just under ln V, 1e-5 apart, so a few tokens'
     # exits at a threshold hang on float32 rounding (up to 7e-5 of the mean loss seen); the
     # next candidate's loss differs by far more than 1e-4 (checked below), so a wrong rule fails.
@@ -241,8 +274,141 @@ def test_early_exit_against_the_whole_logits(which, looped_run, tmp_path):
         assert (value is None) == (pct / 100 > got["max_saved"])
         if value is not None:
             assert min(got["ppl"]) - 1e-9 <= value <= max(got["ppl"]) + 1e-9
+    # The note says what the saved shares are shares of: the study's convention counts the
+    # input embedding as a V x D matmul.
+    V, D = cfg.model.vocab_size, cfg.model.d_model
+    assert got["embedding_in_share"] == pytest.approx(2 * V * D / forward)
+    assert "flop_convention=6n_emb" in got["note"] and "input embedding" in got["note"]
+    assert f"{got['embedding_in_share']:.1%}" in got["note"] and got["note"] in printed
+
+    # Intervals: the bootstrap of the reference's per-sequence sums with the same replicate
+    # weights (the sequences' tokens seed them) gives the same bounds; they bracket the point.
+    per_sequence = {k: np.asarray(v, np.float64) for k, v in per_sequence.items()}
+    boot = _bootstrap_reference(per_sequence, ref["inputs"])
+    assert got["ci_level"] == 0.95 and got["ci_resamples"] == boot["boot_loss"].shape[0]
+    full_R = np.exp(boot["boot_loss"][:, 0] / boot["boot_weight"])
+    np.testing.assert_allclose([got["ppl_full_low"], got["ppl_full_high"]],
+                               np.percentile(full_R, [2.5, 97.5]), rtol=1e-5)
+    want_ci = exits.intervals(boot, K * L, layer_use, forward,
+                              {k: got[k] for k in ("ppl_full", *(f"ppl_at_{p}" for p in
+                                                                 exits.SAVED_TARGETS))})
+    for name in ("ppl_full", *(f"ppl_at_{p}" for p in exits.SAVED_TARGETS)):
+        low, high = got[f"{name}_low"], got[f"{name}_high"]
+        if got[name] is None:
+            assert low is None and high is None
+            continue
+        assert low < got[name] < high, name
+        np.testing.assert_allclose([low, high], [want_ci[f"{name}_low"], want_ci[f"{name}_high"]],
+                                   rtol=1e-3, err_msg=name)
     assert (run / "eval" / "early_exit.png").read_bytes()[:4] == b"\x89PNG"
-    assert collect_dir(str(run))[0]["early_exit_ppl_full"] == got["ppl_full"]
+    row = collect_dir(str(run))[0]
+    assert row["early_exit_ppl_full"] == got["ppl_full"]
+    assert row["early_exit_ppl_full_high"] == got["ppl_full_high"]
+
+    # jsd at every depth, looped or not, against the same reference.
+    js = json.loads((run / "eval" / "jsd.json").read_text())
+    N = K * L
+    js_ref = ref["js"]
+    assert js["depths"] == list(range(1, N + 1)) and js["loop_boundaries"] == [
+        k * L for k in range(1, K + 1)]
+    np.testing.assert_allclose(js["depth_mean"], (js_ref * mask).sum((1, 2)) / mask.sum(),
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(js["depth_share_below"],
+                               ((js_ref < 0.5) * mask).sum((1, 2)) / mask.sum(), atol=1e-6)
+    assert js["depth_mean"][-1] == 0.0 and js["depth_share_below"][-1] == 1.0
+    assert all(v > 0 for v in js["depth_mean"][:-1])  # L-1 depths before the last without loops
+    # The loop exits are the loop-boundary depths.
+    assert js["exits"] == list(range(1, K))
+    assert js["mean"] == [js["depth_mean"][k * L - 1] for k in range(1, K)]
+    assert js["share_below"] == [js["depth_share_below"][k * L - 1] for k in range(1, K)]
+    assert ("mean_first_exit" in js) == (K > 1)
+    # Convergence scalars: the first depth where half the tokens are below 0.5 bits, and each
+    # token's first such depth, as fractions of the depth.
+    share = np.asarray(js["depth_share_below"])
+    half = int(np.argmax(share >= 0.5)) + 1
+    assert js["converged_half_depth"] == half and js["converged_half_fraction"] == half / N
+    first = np.argmax(np.concatenate([js_ref[:-1] < 0.5, np.ones_like(js_ref[:1], bool)]), 0)
+    np.testing.assert_allclose(js["first_converged_share"], [(
+        (first == d) * mask).sum() / mask.sum() for d in range(N)], atol=1e-6)
+    assert js["first_converged_fraction_mean"] == pytest.approx(
+        ((first + 1) * mask).sum() / mask.sum() / N, abs=1e-6)
+    assert js["note"] in printed and f"from depth {half} of {N}" in js["note"]
+    assert (run / "eval" / "jsd.png").read_bytes()[:4] == b"\x89PNG"
+    assert collect_dir(str(run))[0]["jsd_converged_half_fraction"] == half / N
+
+
+def test_bootstrap_interval_shrinks_with_more_sequences():
+    """The early-exit interval from the bootstrap sums of synthetic sequences: it brackets the
+    point and narrows about as 1/sqrt(sequences) (16 times the sequences: a quarter as wide)."""
+    import jax
+    import numpy as np
+
+    from loopscale.evaluate import early_exit as exits
+
+    rng = np.random.default_rng(0)
+    weights = jax.jit(exits.replicate_weights)
+    widths = []
+    for n in (64, 1024):
+        tokens = np.full(n, 32.0)
+        loss = rng.gamma(4.0, 0.75, n) * tokens  # per-sequence summed loss, mean 3 nats
+        sums = {"loss": loss[None], "uses": np.full((1, n), 4.0) * tokens, "weight": tokens}
+        inputs = rng.integers(0, 256, (n, 32))
+        boot = _bootstrap_reference(sums, inputs)
+        point = {"ppl_full": float(np.exp(loss.sum() / tokens.sum())),
+                 **{f"ppl_at_{p}": None for p in exits.SAVED_TARGETS}}
+        ci = exits.intervals(boot, 4, 1.0, 4.0, point)
+        assert ci["ppl_full_low"] < point["ppl_full"] < ci["ppl_full_high"]
+        assert ci["ppl_at_5_low"] is None and ci["ppl_at_5_high"] is None
+        widths.append(ci["ppl_full_high"] - ci["ppl_full_low"])
+        # The weights are the sequences' own: the same rows in another order, the same columns.
+        order = rng.permutation(n)[:8]
+        np.testing.assert_array_equal(np.asarray(weights(inputs[order])),
+                                      np.asarray(weights(inputs))[:, order])
+    assert 0.15 < widths[1] / widths[0] < 0.35
+
+
+def test_early_exit_rows_come_back_in_batch_order():
+    """The bootstrap weights are drawn for the batch's rows in order, so the per-sequence sums
+    taken micro-batch by micro-batch must come back in that order (and the sums add up)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from loopscale.evaluate.early_exit import _rows_over_micro_batches
+
+    batch = {"inputs": jnp.arange(12 * 3).reshape(12, 3)}
+    fn = lambda micro: ({"first": micro["inputs"][:, 0] * jnp.ones((2, 1), jnp.int32)},
+                        {"total": jnp.sum(micro["inputs"])})
+    for accum in (1, 3, 4):
+        rows, sums = _rows_over_micro_batches(fn, batch, accum)
+        np.testing.assert_array_equal(rows["first"], np.tile(np.arange(12) * 3, (2, 1)))
+        assert int(sums["total"]) == int(jnp.sum(batch["inputs"]))
+
+
+@pytest.mark.parametrize("top_k,n_experts", [(2, 8), (1, 4), (3, 7), (2, 6), (4, 8)])
+def test_random_routing_baseline(top_k, n_experts):
+    """Two uniform top-k sets of E experts, exactly: top-2 of 8 is the study's 1/28, 12/28,
+    15/28; every case against brute-force enumeration of all pairs of sets."""
+    import itertools
+    import math
+
+    from loopscale.evaluate.routing import random_overlap, random_unique_experts
+
+    got = random_overlap(top_k, n_experts)
+    if (top_k, n_experts) == (2, 8):
+        assert got == pytest.approx({"identical": 1 / 28, "partial": 12 / 28,
+                                     "disjoint": 15 / 28}, abs=1e-12)
+        assert [round(100 * got[k], 1) for k in ("identical", "partial", "disjoint")] == [
+            3.6, 42.9, 53.6]
+    sets = [set(c) for c in itertools.combinations(range(n_experts), top_k)]
+    shared = [len(a & b) for a in sets for b in sets]
+    count = {"identical": shared.count(top_k), "disjoint": shared.count(0)}
+    count["partial"] = len(shared) - count["identical"] - count["disjoint"]
+    assert got == pytest.approx({k: v / len(shared) for k, v in count.items()}, abs=1e-12)
+    # Distinct experts over two passes: the mean of |a | b| over the same pairs.
+    assert random_unique_experts(top_k, n_experts, 2) == pytest.approx(
+        sum(len(a | b) for a in sets for b in sets) / len(sets) ** 2)
+    assert random_unique_experts(top_k, n_experts, 1) == pytest.approx(top_k)
+    assert math.isclose(sum(got.values()), 1.0)
 
 
 @pytest.mark.slow
@@ -279,6 +445,16 @@ def test_routing_across_loop_passes(tmp_path, capsys):
     for key in ("identical", "disjoint"):
         assert got[f"{key}_mean"] == pytest.approx(
             float(np.mean([r[f"route_{key}"] for r in ref])), abs=1e-6)
+    # The random-routing baseline beside them, printed with the measured shares and drawn.
+    from loopscale.evaluate.routing import random_overlap
+
+    chance = random_overlap(m.top_k, m.n_experts)
+    assert {k: got[f"random_{k}"] for k in chance} == chance
+    assert got["partial_mean"] == pytest.approx(1 - got["identical_mean"] - got["disjoint_mean"])
+    printed = capsys.readouterr().out
+    assert got["note"] in printed and f"disjoint {got['disjoint_mean']:.1%} (random " \
+        f"{chance['disjoint']:.1%})" in printed
+    assert (run / "eval" / "routing.png").read_bytes()[:4] == b"\x89PNG"
     # A model without loops has no pair of passes to compare: refused (the same weights, read
     # as a one-loop model), not reported as shares of zero pairs.
     one_loop = tmp_path / "one_loop"

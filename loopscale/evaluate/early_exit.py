@@ -21,7 +21,13 @@ use costs the same at every depth, so a token exiting after u of the K*L layer u
 (K*L - u) * layer_use / forward_total. The logit-lens check at each candidate a token passes
 costs an unembedding (2 * D * V per token, more than a layer at small widths); the study does
 not charge it and neither do the headline figures, but `check_cost` gives it as a share of the
-forward pass so the reader can.
+forward pass so the reader can. What that forward pass counts is the convention's (the
+result's `note` says it, and `embedding_in_share`): under `6n` (Kaplan) 2 x the active
+non-embedding parameters, no vocabulary matrix; under `6n_emb` (the study's) 2 x params_active,
+so the input embedding counts as a V x D matmul (2VD a token) though a lookup executes none,
+which enlarges the denominator and shrinks every share saved, and the unembedding counts 2DV;
+`6n_attn` adds attention's T x T matmuls to every layer use (`6n_attn_causal` half of them).
+The router is in a layer use exactly when `model.count_router` is true.
 
 Tau is swept over thresholds in nats from 0 (nobody exits) to just above ln V (everybody exits
 at the first candidate), placed at the quantiles of the early candidates' entropies on the
@@ -30,6 +36,21 @@ saved is interpolated (log-perplexity linear in the saving) between the grid poi
 it; `bracket_P` gives those two points' savings, so a coarse interpolation shows. The sums
 are taken on the devices (one jitted step per held-out batch, in the train step's micro-batches
 and `train.ce_chunk` positions at a time), so it runs at paper scale on the run's mesh.
+
+Intervals. Every perplexity reported (`ppl_full`, `ppl_at_P`) comes with a 95% percentile
+bootstrap interval (`*_low`, `*_high`) that resamples held-out sequences, not tokens: a
+sequence's tokens share their context, so resampling tokens would make the interval too
+narrow. It is the Poisson bootstrap (Hanley & MacGibbon 2006; Chamandy et al. 2012), the
+streaming form of drawing sequences with replacement: in each of RESAMPLES replicates every
+sequence counts Poisson(1) times. Its weights multiply per-sequence sums (the exit's loss and
+layer uses, and the tokens, over each sequence, per tau) inside the jitted step, so a replicate
+is one more column of sums added up over the held-out batches like the others: nothing per
+sequence leaves the devices and the step's output is (RESAMPLES, taus) whatever the number of
+sequences. A sequence's weights are drawn from a key folded with a hash of its tokens
+(`replicate_weights`), not with its place in the split (the step sees only the trainer's
+batch), so they do not depend on batching, micro-batching or the number of processes, and a
+repeated sequence counts as one. A replicate's `ppl_at_P` is interpolated on its own curve (its
+own savings and losses at the same taus), so the interval holds the uncertainty of both axes.
 """
 
 from __future__ import annotations
@@ -37,24 +58,34 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import textwrap
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopscale.config.schema import FlopConvention, ModelConfig, TrainConfig
-from loopscale.train.eval_loss import map_position_chunks, summed_over_micro_batches
+from loopscale.config.schema import FFNKind, FlopConvention, ModelConfig, TrainConfig
+from loopscale.train.eval_loss import map_position_chunks
 from loopscale.errors import UsageError
 from loopscale.flops import flops_per_token
 from loopscale.model import LoopedLM
-from loopscale.train.step import readout_fn
+from loopscale.train.step import micro_batches, readout_fn
 
 if TYPE_CHECKING:
     from loopscale.evaluate.loaded import Loaded
 
 N_TAU = 161  # grid points; the study sweeps tau without saying how finely
 SAVED_TARGETS = (5, 10, 20, 30)  # percent of forward FLOPs saved: the study's Table 7 columns
+CONFIDENCE = 0.95
+# Bootstrap replicates. 500 place the 2.5% and 97.5% percentiles to within about 6% of the
+# interval's half-width (the order statistics' spread). Not 1000: the step's output is then
+# 1.3 MB ((RESAMPLES, N_TAU) sums of loss and uses), and XLA:TPU, past about that size,
+# scheduled the Looped-MoE :paper step on v5p-128 with two more (B, chunk, V) buffers of the
+# readout live (`loopscale compile --step=eval:early_exit`: 1.73 against 0.91 GB of
+# temporaries a chip; 500 and 800: 0.91, as without the bootstrap).
+RESAMPLES = 500
+SEED = 0
 
 
 def tau_grid(vocab_size: int, sample: np.ndarray) -> np.ndarray:
@@ -85,6 +116,46 @@ class Candidates:
         if n_loops > 1:
             return cls(tuple(L * (k + 1) for k in range(n_loops)), True)
         return cls(tuple(range(1, L + 1)), False)
+
+
+# What the forward pass of each flop_convention counts (flops.py's module docstring), for the
+# note that says what a share of "FLOPs saved" is a share of.
+_EMBEDDING = ("the input embedding counted as a V x D matmul (2VD FLOPs a token, though a "
+              "lookup executes none) and the unembedding (2DV)")
+_COUNTS = {
+    FlopConvention.KAPLAN: "2 x params_active_nonembedding a token: neither the input embedding "
+                           "nor the unembedding, nor attention's T x T matmuls",
+    FlopConvention.SPARSE_STUDY: f"2 x params_active a token: {_EMBEDDING}; attention's T x T "
+                                 "matmuls not counted",
+    FlopConvention.ATTENTION: f"2 x params_active a token, {_EMBEDDING}, plus attention's T x T "
+                              "matmuls over the whole matrix (4 T n_heads d_head a layer use)",
+    FlopConvention.ATTENTION_CAUSAL: f"2 x params_active a token, {_EMBEDDING}, plus half of "
+                                     "attention's T x T matmuls (2 T n_heads d_head a layer "
+                                     "use, a causal kernel's)",
+}
+
+
+def embedding_in_share(cfg: ModelConfig, forward: float, convention: FlopConvention) -> float:
+    """The input embedding's share of the forward pass as `convention` counts it (0 where it
+    is not counted): the part of the denominator a lookup does not really cost."""
+    if convention is FlopConvention.KAPLAN:
+        return 0.0
+    return 2.0 * cfg.vocab_size * cfg.d_model / forward
+
+
+def flops_note(cfg: ModelConfig, convention: FlopConvention, layer_use: float, forward: float,
+               check: float) -> str:
+    """One line saying what the saved shares are shares of, under the run's convention."""
+    router = ""
+    if cfg.ffn is FFNKind.MOE:
+        router = (", the router counted" if cfg.count_router else
+                  ", the router not counted (model.count_router=false)")
+    embedding = embedding_in_share(cfg, forward, convention)
+    return (f"FLOPs saved = skipped layer uses x {layer_use:.4g} FLOPs / {forward:.4g} FLOPs a "
+            f"token, the forward pass as flop_convention={convention.value} counts it "
+            f"({_COUNTS[convention]}{router}); the input embedding is {embedding:.1%} of it. "
+            f"The lens check at each candidate a token passes (2DV, {check / forward:.1%} of "
+            f"the forward pass) is not charged.")
 
 
 def layer_use_flops(cfg: ModelConfig, seq_len: int, convention: FlopConvention
@@ -126,31 +197,70 @@ def entropy_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops:
     return {"entropy": entropy_CxBxT[:-1], "mask": micro["mask"]}
 
 
+def replicate_weights(inputs_BxT: jax.Array) -> jax.Array:
+    """(RESAMPLES, B) float32: each sequence's Poisson(1) count in every bootstrap replicate,
+    drawn from a key folded with a hash of the sequence's tokens (the module docstring). The
+    hash is linear mod 2^32 with odd multipliers per position, so two sequences differing in
+    one token never share it."""
+    hash_key, draw_key = jax.random.split(jax.random.key(SEED))
+    multipliers_T = jax.random.bits(hash_key, inputs_BxT.shape[-1:], jnp.uint32) | jnp.uint32(1)
+    hash_B = jnp.sum(inputs_BxT.astype(jnp.uint32) * multipliers_T, axis=-1, dtype=jnp.uint32)
+    counts_BxR = jax.vmap(lambda h: jax.random.poisson(
+        jax.random.fold_in(draw_key, h), 1.0, (RESAMPLES,)))(hash_B)
+    return counts_BxR.T.astype(jnp.float32)
+
+
+def _rows_over_micro_batches(fn, batch, accum: int):
+    """`fn(micro_batch)` -> (per-row figures, leaves (..., b); sums), over the train step's
+    `accum` micro-batches: the rows put back in the batch's order (..., B), the sums added."""
+    if accum == 1:
+        return fn(batch)
+    rows, sums = jax.lax.map(fn, micro_batches(batch, accum))
+    # micro_batches puts row q * accum + i at place q of micro-batch i: (accum, ..., b) -> (..., B)
+    unsplit = lambda x: jnp.moveaxis(x, 0, -1).reshape(*x.shape[1:-1], -1)
+    return jax.tree.map(unsplit, rows), jax.tree.map(lambda x: jnp.sum(x, 0), sums)
+
+
 def exit_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int,
               taus: jax.Array) -> dict[str, jax.Array]:
     """Sums over a batch, per tau: the exit's token loss, the layer uses done, and how many
-    tokens left at each candidate."""
+    tokens left at each candidate; and the same loss, uses and tokens in every bootstrap
+    replicate (`boot_*`, (RESAMPLES, N) and (RESAMPLES,): per-sequence sums weighted by
+    `replicate_weights`)."""
     cands = Candidates.of(model.cfg, n_loops)
     uses_C = jnp.asarray(cands.uses, jnp.float32)
     C = len(cands.uses)
 
-    def sums(micro):
+    def per_sequence(micro):
         entropy_CxBxT, loss_CxBxT = _per_candidate(params, micro, model, cands, n_loops,
                                                    train.ce_chunk)
         # First candidate below tau; the last candidate (the full model) always takes the rest.
         below_NxCxBxT = entropy_CxBxT[None, :-1] < taus[:, None, None, None]
-        below_NxCxBxT = jnp.concatenate(
-            [below_NxCxBxT, jnp.ones_like(below_NxCxBxT[:, :1])], axis=1)
+        # (N, 1, B, T) spelled out: with one candidate (the compile's one-layer cost point)
+        # there is no earlier one to copy the shape from.
+        n, _, b, t = below_NxCxBxT.shape
+        below_NxCxBxT = jnp.concatenate([below_NxCxBxT, jnp.ones((n, 1, b, t), bool)], axis=1)
         exit_NxBxT = jnp.argmax(below_NxCxBxT, axis=1)
         mask_BxT = micro["mask"].astype(jnp.float32)
         loss_NxBxT = jnp.take_along_axis(loss_CxBxT[None], exit_NxBxT[:, None], axis=1)[:, 0]
-        return {"loss_sum": jnp.sum(loss_NxBxT * mask_BxT, (1, 2)),
-                "uses_sum": jnp.sum(uses_C[exit_NxBxT] * mask_BxT, (1, 2)),
-                "exits": jnp.stack([jnp.sum((exit_NxBxT == c) * mask_BxT, (1, 2))
-                                    for c in range(C)], axis=1),  # (N, C)
-                "weight": jnp.sum(mask_BxT)}
+        rows = {"loss": jnp.sum(loss_NxBxT * mask_BxT, -1),
+                "uses": jnp.sum(uses_C[exit_NxBxT] * mask_BxT, -1),
+                "weight": jnp.sum(mask_BxT, -1)}
+        exits_NxC = jnp.stack([jnp.sum((exit_NxBxT == c) * mask_BxT, (1, 2)) for c in range(C)],
+                              axis=1)
+        return rows, {"exits": exits_NxC}
 
-    return summed_over_micro_batches(sums, batch, train.grad_accum)
+    # Per sequence over the whole batch, then weighted once: the replicates' (RESAMPLES, N)
+    # sums are made once a batch, not once a micro-batch and stacked by the map (that kept
+    # accum of them live: more than the step's own chunked vocabulary at small widths).
+    rows, sums = _rows_over_micro_batches(per_sequence, batch, train.grad_accum)
+    counts_RxB = replicate_weights(batch["inputs"])
+    return {"loss_sum": jnp.sum(rows["loss"], -1), "uses_sum": jnp.sum(rows["uses"], -1),
+            "exits": sums["exits"],  # (N, C)
+            "weight": jnp.sum(rows["weight"]),
+            "boot_loss": jnp.einsum("rb,nb->rn", counts_RxB, rows["loss"]),
+            "boot_uses": jnp.einsum("rb,nb->rn", counts_RxB, rows["uses"]),
+            "boot_weight": counts_RxB @ rows["weight"]}
 
 
 def _at_saved(saved: np.ndarray, log_ppl: np.ndarray, target: float) -> float | None:
@@ -169,23 +279,64 @@ def _bracket(saved: np.ndarray, target: float) -> list[float] | None:
     return [float(saved[saved <= target].max()), float(saved[saved >= target].min())]
 
 
+def _curve(loss_sum, uses_sum, weight, total_uses: int, layer_use: float, forward: float
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(loss, share of forward FLOPs saved) per tau from summed losses and uses (..., N) and
+    the tokens they sum over (...)."""
+    n = np.maximum(np.asarray(weight, np.float64), 1.0)[..., None]
+    loss = np.asarray(loss_sum, np.float64) / n
+    saved = (total_uses - np.asarray(uses_sum, np.float64) / n) * layer_use / forward
+    return loss, saved
+
+
+def _percentiles(values: list[float | None]) -> list[float | None]:
+    """[low, high] of the CONFIDENCE percentile interval of the replicates' values (None: a
+    replicate where the figure is out of reach; [None, None] if every one is)."""
+    kept = np.asarray([v for v in values if v is not None], np.float64)
+    if not kept.size:
+        return [None, None]
+    tail = 100 * (1 - CONFIDENCE) / 2
+    return [float(v) for v in np.percentile(kept, [tail, 100 - tail])]
+
+
+def intervals(sums: dict, total_uses: int, layer_use: float, forward: float,
+              point: dict) -> dict:
+    """`{figure}_low` / `{figure}_high` for `ppl_full` and each `ppl_at_P`, from the bootstrap
+    replicates' sums (`boot_*`); None where the point figure is (a saving out of reach)."""
+    loss_RxN, saved_RxN = _curve(sums["boot_loss"], sums["boot_uses"], sums["boot_weight"],
+                                 total_uses, layer_use, forward)
+    log_ppl_RxN = np.minimum(loss_RxN, 700.0)
+    figures = {"ppl_full": [float(math.exp(r[0])) for r in log_ppl_RxN]}
+    for p in SAVED_TARGETS:
+        figures[f"ppl_at_{p}"] = [_at_saved(s, r, p / 100) for s, r in zip(saved_RxN, log_ppl_RxN)]
+    out = {}
+    for name, values in figures.items():
+        low, high = _percentiles(values) if point[name] is not None else (None, None)
+        out[f"{name}_low"], out[f"{name}_high"] = low, high
+    return out
+
+
 def summarise(sums: dict, taus: np.ndarray, cands: Candidates, layer_use: float,
               forward: float, check: float) -> dict:
     """The JSON figures from the summed `exit_step` outputs over the held-out batches."""
-    n = max(float(sums["weight"]), 1.0)
     total_uses = cands.uses[-1]
-    loss = np.asarray(sums["loss_sum"], np.float64) / n
-    saved = (total_uses - np.asarray(sums["uses_sum"], np.float64) / n) * layer_use / forward
+    loss, saved = _curve(sums["loss_sum"], sums["uses_sum"], sums["weight"], total_uses,
+                         layer_use, forward)
     log_ppl = np.minimum(loss, 700.0)
     table = {f"ppl_at_{p}": _at_saved(saved, log_ppl, p / 100) for p in SAVED_TARGETS}
     brackets = {f"bracket_{p}": _bracket(saved, p / 100) for p in SAVED_TARGETS}
+    n = max(float(sums["weight"]), 1.0)
+    ppl_full = float(math.exp(min(loss[0], 700.0)))
     return {
         "candidates": "loop boundaries" if cands.at_loops else "layers",
         "candidate_uses": list(cands.uses), "tau": taus.tolist(), "loss": loss.tolist(),
         "ppl": np.exp(log_ppl).tolist(), "flops_saved": saved.tolist(),
         "exit_share": (np.asarray(sums["exits"]) / n).tolist(),
-        "ppl_full": float(math.exp(min(loss[0], 700.0))),
+        "ppl_full": ppl_full,
         "max_saved": float(saved.max()), **table, "brackets": brackets,
+        **intervals(sums, total_uses, layer_use, forward, {"ppl_full": ppl_full, **table}),
+        "ci_level": CONFIDENCE, "ci_resamples": RESAMPLES,
+        "ci_method": "Poisson bootstrap over held-out sequences, percentile interval",
         "check_cost": check / forward, "tokens": float(sums["weight"]),
     }
 
@@ -193,16 +344,27 @@ def summarise(sums: dict, taus: np.ndarray, cands: Candidates, layer_use: float,
 def plot(result: dict, title: str):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(5.5, 4.0))
     saved = 100 * np.asarray(result["flops_saved"])
     ax.plot(saved, result["ppl"], marker=".", markersize=3)
     points = [(p, result[f"ppl_at_{p}"]) for p in SAVED_TARGETS if result[f"ppl_at_{p}"]]
     if points:
         ax.scatter(*zip(*points), color="C3", zorder=3, label="5/10/20/30% saved")
-        ax.legend(fontsize="small")
     ax.set(xlabel="forward FLOPs saved (%)", ylabel="held-out perplexity", yscale="log",
            title=title)
-    fig.tight_layout()
+    # The intervals at full depth (0 saved) and at each saving reached; a saving at the very
+    # edge of reach may have none (every replicate just short of it).
+    named = [("ppl_full", 0, result["ppl_full"]), *((f"ppl_at_{p}", p, v) for p, v in points)]
+    bars = [(x, v, v - result[f"{n}_low"], result[f"{n}_high"] - v) for n, x, v in named
+            if result[f"{n}_low"] is not None]
+    if bars:
+        x, v, below, above = zip(*bars)
+        ax.errorbar(x, v, yerr=[below, above], fmt="none", color="C3", capsize=3, lw=1,
+                    label=f"{result['ci_level']:.0%} interval (sequences resampled)")
+    if points or bars:
+        ax.legend(fontsize="small")
+    fig.text(0.01, 0.01, textwrap.fill(result["note"], 115), fontsize=5.5, va="bottom")
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
 
 
@@ -219,4 +381,6 @@ def early_exit(run: Loaded) -> dict:
     sums = run.sums(functools.partial(exit_step, taus=jnp.asarray(taus, jnp.float32)))
     layer_use, forward = layer_use_flops(c.model, c.train.seq_len, c.flop_convention)
     check = 2.0 * c.model.d_model * c.model.vocab_size
-    return summarise(sums, taus, cands, layer_use, forward, check)
+    return {**summarise(sums, taus, cands, layer_use, forward, check),
+            "embedding_in_share": embedding_in_share(c.model, forward, c.flop_convention),
+            "note": flops_note(c.model, c.flop_convention, layer_use, forward, check)}

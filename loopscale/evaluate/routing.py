@@ -6,10 +6,17 @@ sets on consecutive passes are identical, overlap, or are disjoint (summed over 
 pairs), how many distinct experts each token uses across all K passes, and the assignments per
 (pass, layer, expert). The training metric `route_*` (train/diagnostics.py) is the same
 comparison averaged over layers on training batches.
+
+Beside the measured shares, the random-routing baseline (`random_overlap`): the shares a router
+choosing its top-k of E experts uniformly at random and independently on each pass would give.
+Two such sets share j experts with the hypergeometric probability C(k, j) C(E-k, k-j) / C(E, k):
+identical is j = k, disjoint j = 0, partial the rest (top-2 of 8: 1/28 = 3.6%, 12/28 = 42.9%,
+15/28 = 53.6%). A token's expected distinct experts over K such passes is E (1 - (1 - k/E)^K).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import jax
@@ -23,6 +30,21 @@ from loopscale.train.eval_loss import summed_over_micro_batches
 
 if TYPE_CHECKING:
     from loopscale.evaluate.loaded import Loaded
+
+
+def random_overlap(top_k: int, n_experts: int) -> dict[str, float]:
+    """Shares of two independent uniform top-k sets of `n_experts` that are identical, overlap
+    in part, or are disjoint (hypergeometric: the module docstring), exactly."""
+    k, E = top_k, n_experts
+    sets = math.comb(E, k)
+    shared = [math.comb(k, j) * math.comb(E - k, k - j) / sets for j in range(k + 1)]
+    return {"identical": shared[k], "partial": sum(shared[1:k]), "disjoint": shared[0]}
+
+
+def random_unique_experts(top_k: int, n_experts: int, n_loops: int) -> float:
+    """Expected distinct experts a token uses over `n_loops` independent uniform top-k passes:
+    each expert is missed by a pass with probability 1 - k/E."""
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** n_loops)
 
 
 def routing_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
@@ -66,25 +88,44 @@ def routing(run: Loaded) -> dict:
     load = np.asarray(s["load"])  # (K, L, E)
     share = load / np.maximum(load.sum(-1, keepdims=True), 1.0)
     unique = np.asarray(s["unique_sum"]) / max(float(s["weight"]), 1.0)
+    chance = random_overlap(m.top_k, m.n_experts)
+    partial = 1 - identical - disjoint
+    shares = "; ".join(f"{key} {measured:.1%} (random {chance[key]:.1%})" for key, measured in
+                       (("identical", identical.mean()), ("partial", partial.mean()),
+                        ("disjoint", disjoint.mean())))
     return {"n_loops": m.n_loops, "layers": list(range(1, m.n_unique + 1)), "top_k": m.top_k,
-            "identical": identical.tolist(), "partial": (1 - identical - disjoint).tolist(),
+            "n_experts": m.n_experts,
+            "identical": identical.tolist(), "partial": partial.tolist(),
             "disjoint": disjoint.tolist(), "unique_experts": unique.tolist(),
             "load_per_pass": share.tolist(), "tokens": float(s["weight"]),
             "identical_mean": float(identical.mean()), "disjoint_mean": float(disjoint.mean()),
-            "unique_experts_mean": float(unique.mean())}
+            "partial_mean": float(partial.mean()), "unique_experts_mean": float(unique.mean()),
+            **{f"random_{key}": value for key, value in chance.items()},
+            "random_unique_experts": random_unique_experts(m.top_k, m.n_experts, m.n_loops),
+            "note": f"consecutive passes, mean over layers: {shares}; random routing is top-"
+                    f"{m.top_k} of {m.n_experts} drawn uniformly and independently each pass"}
 
 
 def plot_routing(result: dict, title: str):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
     layers = np.asarray(result["layers"])
-    bottom = np.zeros(len(layers))
-    for key in ("identical", "partial", "disjoint"):
-        ax.bar(layers, result[key], bottom=bottom, label=key)
+    at = len(layers) + 1.5  # the random baseline's bar, a little apart from the layers'
+    bottom, chance_bottom = np.zeros(len(layers)), 0.0
+    for i, key in enumerate(("identical", "partial", "disjoint")):
+        ax.bar(layers, result[key], bottom=bottom, color=f"C{i}", label=key)
         bottom += np.asarray(result[key])
-    ax.set(xlabel="physical layer", ylabel="share of tokens, consecutive passes", ylim=(0, 1),
-           title=title)
+        ax.bar([at], [result[f"random_{key}"]], bottom=chance_bottom, color=f"C{i}", alpha=0.5,
+               hatch="//", edgecolor="white")
+        chance_bottom += result[f"random_{key}"]
+        if key != "disjoint":  # the random boundaries carried across the layers' bars
+            ax.hlines(chance_bottom, layers[0] - 0.4, at + 0.4, colors="black", lw=0.7, ls="--",
+                      label="random routing" if key == "identical" else None)
+    ax.set_xticks([*layers, at], [*map(str, layers), "random"])
+    ax.set(xlabel=f"physical layer (random: top-{result['top_k']} of {result['n_experts']} "
+                  f"uniformly per pass)", ylabel="share of tokens, consecutive passes",
+           ylim=(0, 1), title=title)
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
