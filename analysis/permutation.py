@@ -106,26 +106,104 @@ def pick(runs: list[common.Run], names: tuple[str, ...], wanted: list[str]) -> l
     return [run for _, run in best.values()]
 
 
+def supervised(run: common.Run) -> bool:
+    return bool(run.config.train.intermediate_supervision)
+
+
+def pick_ladder(runs: list[common.Run], wanted: list[str]) -> tuple[list[common.Run], list[str]]:
+    """The runs whose ladder to show, and notes on them. A ladder is read from a run trained
+    without intermediate supervision (its loss puts hop j's node at loop boundary j, so a
+    supervised run's ladder is the one it was taught): per family the most accurate such run
+    measured, else, noted, the most accurate supervised one. --runs names them instead."""
+    if wanted:
+        chosen = [r for r in runs if r.run_id in wanted]
+        return chosen, [f"{common.label(r)} was trained with intermediate supervision: its "
+                        "ladder was taught, not found." for r in chosen if supervised(r)]
+    measured = [r for r in runs if any(r.eval(n) is not None for n in LADDER)]
+    chosen, notes = [], []
+    for family in sorted({r.family for r in measured}):
+        of_family = [r for r in measured if r.family == family]
+        free = [r for r in of_family if not supervised(r)]
+        if not free:
+            notes.append(f"Family {family}: only runs trained with intermediate supervision are "
+                         "measured, so its ladder below was taught, not found; measure an "
+                         "unsupervised run for the study's ladder.")
+        chosen += pick(free or of_family, LADDER, [])
+    return chosen, notes
+
+
+def partner_every(run: common.Run, chosen: list[common.Run]) -> int | None:
+    """For an unshared run, the n_unique of a chosen looped run of the same effective depth
+    (its loop boundary k is the unshared run's layer k * n_unique); None otherwise."""
+    m = run.config.model
+    if m.n_loops > 1:
+        return None
+    for other in chosen:
+        o = other.config.model
+        if o.n_loops > 1 and o.n_unique * o.n_loops == m.n_unique * m.n_loops:
+            return o.n_unique
+    return None
+
+
+def matched_view(run: common.Run, x: dict, chosen: list[common.Run]) -> dict | None:
+    """The result's matched points, at the looped partner's unit for an unshared run; None for a
+    result measured before matched points were (re-measure it)."""
+    from loopscale.evaluate import ladder
+
+    if "matched" not in x:
+        return None
+    every = partner_every(run, chosen)
+    return x["matched"] if every is None else ladder.rematched(x, every)
+
+
+def deviations(view: dict) -> str:
+    walks = view.get("walks") or {}
+    return " ".join(f"H={h}: {common.num(w['deviation'], 3)}" for h, w in walks.items())
+
+
 def ladder_section(runs: list[common.Run], wanted: list[str], figures: list) -> Section:
     from loopscale.evaluate import ladder
 
     blocks: list = [
         ("Per loop iteration, the share of held-out examples whose stream at the answer "
         "position names the node after hop j: by the logit lens (eval/lens.json) and by linear "
-        "probes fitted on half the examples and scored on the other (eval/probes.json). "
-        "ladder_match: share of iterations k whose best hop is k (1 = one hop per iteration); "
-        "diagonal: mean share of iteration k naming hop k.")]
-    rows = []
-    for run in pick(runs, LADDER, wanted):
+        "probes fitted on generated examples (L2 strength cross-validated) and scored on the "
+        "held-out ones (eval/probes.json). ladder_match: share of iterations k whose best hop "
+        "is k (1 = one hop per iteration); diagonal: mean share of iteration k naming hop k; "
+        "rank correlation: Spearman's rho of matched point k with its best hop; deviation: mean "
+        "|best hop - k H / K| (K matched points), per walk length H, 0 for a ladder that "
+        "spreads every walk evenly over its iterations. Ladders are read from runs trained "
+        "without intermediate supervision; a run whose final answers are not clearly above "
+        "chance and the shortcut (95% interval) is at chance: nothing of its ladder is scored "
+        "or drawn.")]
+    rows, matched_rows, matched_panels, at_chance = [], [], [], []
+    chosen, notes = pick_ladder(runs, wanted)
+    for run in chosen:
         results = [(n, run.eval(n)) for n in LADDER]
+        sup = common.num(supervised(run))
         for name, x in results:
             if x is None:
-                rows.append((run.family, run.run_id, name, "not measured", "", "", "", ""))
+                rows.append((run.family, run.run_id, name, "not measured", "", "", "", "", sup,
+                             "", "", ""))
                 continue
             rows.append((run.family, run.run_id, name, common.num(x["ladder_match"]),
-                         common.num(x["diagonal"]), " ".join(map(str, x["best_hop"])),
-                         common.num(x.get("final_answer")), common.num(x.get("chance"))))
-        present = [(f"{run.family} {n}", x) for n, x in results if x is not None]
+                         common.num(x["diagonal"]),
+                         " ".join(map(str, x["best_hop"])) if x.get("best_hop") else "–",
+                         common.num(x.get("final_answer")), common.num(x.get("chance")), sup,
+                         common.num(x.get("rank_correlation")),
+                         common.num(x.get("uniform_deviation")),
+                         common.num(x.get("at_chance"))))
+            if x.get("at_chance"):
+                at_chance.append(f"{common.label(run)} {name}: {x['at_chance_reason']}")
+                continue
+            view = matched_view(run, x, chosen)
+            if view is not None:
+                matched_rows.append((run.family, run.run_id, name, str(view["every"]),
+                                     " ".join(map(str, view["best_hop"])),
+                                     common.num(view["rank_correlation"]), deviations(view)))
+                matched_panels.append((f"{run.family} {name}", view))
+        present = [(f"{run.family} {n}", x) for n, x in results
+                   if x is not None and not x.get("at_chance")]
         if present:
             fig = common.Figure(f"ladder_{run.run_id}", f"Ladder of {run.family} ({run.run_id})",
                                 "Iteration x hop and depth x hop: share naming the node.",
@@ -134,7 +212,25 @@ def ladder_section(runs: list[common.Run], wanted: list[str], figures: list) -> 
             blocks.append(common.image(fig))
     if rows:
         blocks.insert(1, Table(("family", "run", "readout", "ladder_match", "diagonal",
-                                "best hop per iteration", "final answer", "chance"), tuple(rows)))
+                                "best hop per iteration", "final answer", "chance",
+                                "intermediate supervision", "rank correlation", "deviation",
+                                "at chance"), tuple(rows)))
+    blocks[2:2] = notes
+    if at_chance:
+        blocks.append("No ladder drawn or scored (at chance): " + "; ".join(at_chance) + ".")
+    if matched_rows:
+        blocks.append("Matched points: a looped model's loop boundary k beside an unshared "
+                      "stack's layer k x n_unique (the looped model's n_unique), so both "
+                      "ladders read on one axis.")
+        blocks.append(Table(("family", "run", "readout", "layers per point",
+                             "best hop per matched point", "rank correlation",
+                             "deviation per walk length"), tuple(matched_rows)))
+        fig = common.Figure("ladder_matched", "Ladders at matched points",
+                            "Matched point x hop: share naming the node, best hop in red.",
+                            common.png(ladder.plot_matched(matched_panels,
+                                                           "ladders at matched points")))
+        figures.append(fig)
+        blocks.append(common.image(fig))
     gap = common.missing([r for r in runs if all(r.eval(n) is None for n in LADDER)],
                          "no eval/lens.json or probes.json")
     if gap:

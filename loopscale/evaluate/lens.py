@@ -2,9 +2,16 @@
 
 The stream after every layer of every loop, at the answer position of held-out examples, is
 read out through the model's own final norm and unembedding (`LoopedLM.readout`, as the early
-exits are); for each hop j the share of examples whose argmax is the node after hop j
-(ladder.py: points, hops, the summary). A model that walks the permutation one hop per loop
-shows a diagonal ladder on the iteration x hop map.
+exits are); for each hop j the share of examples whose argmax is the node after hop j, over all
+examples and per walk length (ladder.py: points, hops, matched points, the summary and its
+scores). A model that walks the permutation one hop per loop shows a diagonal ladder on the
+iteration x hop map.
+
+The ladder is read only off a run that answers: when the final answer accuracy is not clearly
+above chance and the shortcut on the same examples (ladder.at_chance_reason), lens.json says
+`at_chance` with the reason, its best hops and ladder scalars are None and the figure draws no
+heat map. Whether the run was trained with intermediate supervision (whose loss puts hop j's
+node at loop boundary j: a ladder it was taught, not one it found) is recorded beside.
 
 The counts are summed on the devices (`Loaded.sums`), so every process gets the global figures.
 """
@@ -32,12 +39,13 @@ def decode(params, stream_xBxD: jax.Array, model: LoopedLM) -> jax.Array:
 
 
 def counts(pred_KxLxB: jax.Array, batch) -> dict[str, jax.Array]:
-    """How often each point names the node after each hop, the start and the answer."""
-    labels_BxH, mask_BxH = batch["hop_labels"], batch["hop_mask"]
-    hit_KxLxBxH = (pred_KxLxB[..., None] == labels_BxH) & mask_BxH
-    return {"hits": jnp.sum(hit_KxLxBxH, axis=2), "hop_examples": jnp.sum(mask_BxH, axis=0),
+    """How often each point names the node after each hop (over all examples and per walk
+    length), the start and the answer; how often the shortcut (the start) is the answer."""
+    hit_KxLxBxH = pred_KxLxB[..., None] == batch["hop_labels"]
+    return {**ladder.hit_counts(hit_KxLxBxH, batch["hop_mask"], batch["hops"]),
             "start": jnp.sum(pred_KxLxB == batch["start"], axis=-1),
             "answer": jnp.sum(pred_KxLxB == batch["answer"], axis=-1),
+            "shortcut": jnp.sum(batch["start"] == batch["answer"]),
             "examples": jnp.asarray(pred_KxLxB.shape[-1])}
 
 
@@ -48,24 +56,37 @@ def lens_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: in
     return counts(decode(params, stream_KxLxBxD, model), batch)
 
 
-def table(sums: dict, n_nodes: int) -> dict:
-    """The summed counts -> lens.json's figures. Beside the hops: `start_iteration` and
-    `answer_iteration`, the share of examples each loop boundary names the start node / the
-    answer with (`final_answer`: the last one's, the model's accuracy), and `chance` (1/n)."""
-    count_H = np.asarray(sums["hop_examples"])
-    share_KxLxH = np.asarray(sums["hits"]) / np.maximum(count_H, 1)
-    examples = max(int(sums["examples"]), 1)
-    answer_K = (np.asarray(sums["answer"])[:, -1] / examples)
-    return {**ladder.summary(share_KxLxH, count_H), "examples": int(sums["examples"]),
-            "chance": 1.0 / n_nodes,
-            "start_iteration": (np.asarray(sums["start"])[:, -1] / examples).tolist(),
-            "answer_iteration": answer_K.tolist(), "final_answer": float(answer_K[-1])}
+def table(sums: dict, n_nodes: int, every: int) -> dict:
+    """The summed counts -> lens.json's figures (matched points every `every` layers). Beside
+    the hops: `start_iteration` and `answer_iteration`, the share of examples each loop
+    boundary names the start node / the answer with (`final_answer`: the last one's, the
+    model's accuracy; `final_answer_low`: the lower end of its 95% interval), `shortcut` (the
+    share whose start is the answer), `chance` (1/n), and the at-chance verdict."""
+    examples = int(sums["examples"])
+    right_K = np.asarray(sums["answer"])[:, -1]
+    shortcut = int(sums["shortcut"]) / max(examples, 1)
+    chance = 1.0 / n_nodes
+    reason = ladder.at_chance_reason(int(right_K[-1]), examples, chance, shortcut)
+    return {**ladder.summary(ladder.Rates.from_counts(sums), every, reason),
+            "examples": examples, "chance": chance, "shortcut": shortcut,
+            "start_iteration": (np.asarray(sums["start"])[:, -1] / max(examples, 1)).tolist(),
+            "answer_iteration": (right_K / max(examples, 1)).tolist(),
+            "final_answer": float(right_K[-1] / max(examples, 1)),
+            "final_answer_low": ladder.answer_low(int(right_K[-1]), examples)}
+
+
+def trained_as(run: Loaded) -> dict:
+    """What lens.json and probes.json record of how the run was trained."""
+    c = run.config
+    return {"n_loops": c.model.n_loops, "n_unique": c.model.n_unique,
+            "intermediate_supervision": c.train.intermediate_supervision}
 
 
 def lens(run: Loaded) -> dict:
     c = run.config
     ladder.require_permutation(c, "lens")
-    return {"n_loops": c.model.n_loops, **table(run.sums(lens_step), c.data.n_nodes)}
+    every = ladder.matched_every(c.model, c.data)
+    return {**trained_as(run), **table(run.sums(lens_step), c.data.n_nodes, every)}
 
 
 def plot_lens(result: dict, title: str):
