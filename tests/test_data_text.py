@@ -1,13 +1,15 @@
 """Text corpora: KJV reading, tokenizers, packing, the validation split, the ArrayRecord cache."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from loopscale.config import base_config, parse
+from loopscale.config import base_config, load_config, parse
+from loopscale.config.enums import ValSplit
 from loopscale.data import make_dataset, text, tokenizer
 from loopscale.errors import UsageError
 
@@ -88,6 +90,59 @@ def test_split_takes_whole_documents_from_the_end():
     assert train == ["abcdefg"] and val == ["hij"]
 
 
+@pytest.fixture(scope="module")
+def uneven_docs():
+    """1000 documents of uneven lengths (a fixed draw), each its own index repeated."""
+    lengths = np.random.default_rng(0).integers(20, 200, size=1000)
+    return [np.full(n, i, np.int32) for i, n in enumerate(lengths)]
+
+
+def test_spread_split_holds_out_whole_documents_from_across_the_corpus(uneven_docs):
+    docs = uneven_docs
+    total = sum(map(len, docs))
+    for fraction in (0.02, 0.05, 0.1, 0.3):
+        train, val = text.split_spread(docs, fraction)
+        held = [int(d[0]) for d in val]
+        assert sorted(held + [int(d[0]) for d in train]) == list(range(len(docs)))  # a partition
+        assert held == sorted(held) and len(set(held)) == len(held)
+        share = sum(map(len, val)) / total
+        assert fraction <= share < 1.6 * fraction, (fraction, share)
+        steps = set(np.diff(held).tolist())
+        assert len(steps) == 1 and held[0] == steps.pop() // 2  # every k-th, offset k // 2
+        assert min(held) < len(docs) // 10 and max(held) >= len(docs) - len(docs) // 10
+    again = [len(d) for d in text.split_spread(list(docs), 0.05)[1]]
+    assert again == [len(d) for d in text.split_spread(docs, 0.05)[1]]  # a fixed rule
+
+
+def test_spread_split_edge_cases():
+    train, val = text.split_spread(["abcdefghij"], 0.3)  # one document: cut inside, as tail
+    assert (train, val) == text.split_tail(["abcdefghij"], 0.3) == (["abcdefg"], ["hij"])
+    train, val = text.split_spread(["aa", "bb"], 0.01)  # both splits keep a document
+    assert train == ["aa"] and val == ["bb"]
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(UsageError, match="val_fraction"):
+            text.split_spread(["aa", "bb", "cc"], bad)
+    with pytest.raises(UsageError, match="val_split=tail"):  # more than every second document
+        text.split_spread(["aa", "bb", "cc", "dd"], 0.7)
+
+
+def test_val_split_defaults_to_tail_and_keys_the_cache(uneven_docs):
+    data = parse(base_config()).data
+    assert data.val_split is ValSplit.TAIL
+    assert text.split_documents(uneven_docs, data) == text.split_tail(uneven_docs, 0.01)
+    corpus = text.Corpus(key="k", documents=list)
+    assert text.split_rule(corpus, data) == "tail:0.01"  # the key every existing cache has
+    spread = dataclasses.replace(data, val_split=ValSplit.SPREAD)
+    assert text.split_rule(corpus, spread) == "spread:0.01"
+    own = text.Corpus(key="k", documents=list, val_documents=list)
+    assert text.split_rule(own, data) == text.split_rule(own, spread) == "own-val"
+    cfg = parse(load_config("experiments/base.py:tiny", ["--config.data.val_split=spread"]))
+    assert cfg.data.val_split is ValSplit.SPREAD
+    with pytest.raises(UsageError) as err:
+        parse(load_config("experiments/base.py:tiny", ["--config.data.val_split=bogus"]))
+    assert str(err.value) == "data.val_split='bogus' is not one of: tail, spread"
+
+
 def test_local_files_batches_and_disjoint_validation(tmp_path, corpus_files, kjv):
     data, train = configs(
         tmp_path, f"{corpus_files}/ch0*.txt,{corpus_files}/ch1*.txt", val_fraction=0.1
@@ -133,6 +188,11 @@ def test_cache_is_reused_and_keyed(tmp_path, corpus_files, monkeypatch):
     (corpus_files / "ch00.txt").write_text("changed text " * 200)
     make_dataset(data, train, 0, "train")
     assert len(list((tmp_path / "cache").glob("packed-*"))) == 3
+    # and so is the other split rule
+    make_dataset(dataclasses.replace(data, val_split=ValSplit.SPREAD), train, 0, "train")
+    rules = sorted(json.loads(m.read_text())["split_rule"]
+                   for m in (tmp_path / "cache").glob("packed-*/meta.json"))
+    assert rules == ["spread:0.01", "tail:0.01", "tail:0.01", "tail:0.01"]
 
 
 def test_killed_build_leaves_no_cache(tmp_path, corpus_files, monkeypatch):

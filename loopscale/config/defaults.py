@@ -108,6 +108,7 @@ def base_config() -> ConfigDict:
             tokenizer="byte",
             spm_vocab_size=1024,
             val_fraction=0.01,
+            val_split="tail",
             cache_dir="",
             n_nodes=16,
             hops_min=4,

@@ -115,3 +115,10 @@ class DataSource(enum.Enum):
 class Tokenizer(enum.Enum):
     BYTE = "byte"
     SENTENCEPIECE = "sentencepiece"
+
+
+class ValSplit(enum.Enum):
+    """Which documents a text corpus without its own validation split holds out (data/text.py)."""
+
+    TAIL = "tail"  # the last documents (for the KJV: the end of Revelation)
+    SPREAD = "spread"  # every k-th document, so the held-out text comes from across the corpus

@@ -31,6 +31,7 @@ from loopscale.config.enums import (
     Remat,
     Schedule,
     Tokenizer,
+    ValSplit,
     WeightDecay,
 )
 
@@ -189,6 +190,8 @@ class DataConfig:
     tokenizer: Tokenizer
     spm_vocab_size: int
     val_fraction: float
+    # which documents are held out (a corpus with its own validation split ignores it)
+    val_split: ValSplit
     cache_dir: str  # where packed ArrayRecord caches live; empty: ~/.cache/loopscale
     n_nodes: int  # permutation task
     hops_min: int

@@ -10,17 +10,23 @@ documents are concatenated and cut into non-overlapping records of `seq_len + 1`
 incomplete tail is dropped), so a record gives `inputs = r[:-1]` and `targets = r[1:]`.
 Sequences may span a document boundary; the eos token marks it.
 
-Validation split: a corpus with its own held-out split (tfds "validation"/"test") uses it.
-Otherwise the last documents are held out: the first validation document is the one after
-which at least `val_fraction` of the characters remain, so train and validation share no
-document (a single-document corpus is cut inside the document instead, at the same fraction).
+Validation split: a corpus with its own held-out split (tfds "validation"/"test") uses it and
+ignores `data.val_split`. Otherwise whole documents are held out, so train and validation share
+no document, by one of two rules (`data.val_split`):
+- `tail` (the default): the last documents; the first validation document is the one after
+  which at least `val_fraction` of the characters remain (for the KJV: the end of Revelation).
+- `spread`: every k-th document (those with i % k == k // 2), k = 1 / `val_fraction` narrowed
+  until at least `val_fraction` of the characters are held out, so the held-out text comes from
+  across the corpus in its order (for the KJV: chapters from across the books), not one book.
+Either way a single-document corpus is cut inside the document instead, at the same fraction.
 The split comes before tokenisation, so a SentencePiece model never sees held-out text, and
 each split is packed on its own, so no sequence straddles the two.
 
 Cache: `<cache_dir>/packed-<key>/{train,val}.array_record` + `meta.json`, where the key hashes
 the corpus identity (its content for files and the KJV), the tokenizer fingerprint, seq_len and
-the split rule. The folder is written under a temporary name and renamed into place, so a run
-killed while packing leaves no half cache behind, and a second run only reads.
+the split rule (`tail:F`, `spread:F` or `own-val`, so the two rules never share a cache). The
+folder is written under a temporary name and renamed into place, so a run killed while packing
+leaves no half cache behind, and a second run only reads.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from typing import TypeVar
 import grain
 import numpy as np
 
-from loopscale.config.schema import DataConfig
+from loopscale.config.schema import DataConfig, ValSplit
 from loopscale.data.tokenizer import TextTokenizer, make_tokenizer
 from loopscale.errors import UsageError
 
@@ -148,6 +154,49 @@ def split_tail(docs: list[Doc], val_fraction: float) -> tuple[list[Doc], list[Do
     return docs[:first_val], docs[first_val:]
 
 
+def split_spread(docs: list[Doc], val_fraction: float) -> tuple[list[Doc], list[Doc]]:
+    """(train, val): val is every k-th document (i % k == k // 2), k the spacing that holds out
+    `val_fraction` of the documents by count, narrowed until they hold at least `val_fraction`
+    of the length; a single document is cut inside it as `split_tail` does. Both splits keep
+    document order, and the offset k // 2 keeps the first document in train.
+
+    k starts from the count, not from the largest spacing whose documents happen to be long
+    enough: searching all spacings for one that clears the fraction would favour long documents.
+    A fraction beyond what every second document holds is a UsageError."""
+    if not 0 < val_fraction < 1:
+        raise UsageError(f"data.val_fraction={val_fraction} must be between 0 and 1")
+    if len(docs) == 1:
+        return split_tail(docs, val_fraction)
+    lengths = np.array([len(d) for d in docs])
+    wanted = val_fraction * lengths.sum()
+    k = min(max(int(1 / val_fraction), 2), len(docs))
+    while k > 2 and lengths[k // 2 :: k].sum() < wanted:
+        k -= 1
+    if lengths[k // 2 :: k].sum() < wanted:
+        most = lengths[1::2].sum() / lengths.sum()
+        raise UsageError(f"data.val_fraction={val_fraction} is more than data.val_split=spread "
+                         f"can hold out of this corpus (every second document: {most:.2f}); "
+                         f"use data.val_split=tail")
+    held = np.arange(len(docs)) % k == k // 2
+    return [d for d, h in zip(docs, held) if not h], [d for d, h in zip(docs, held) if h]
+
+
+SPLITS = {ValSplit.TAIL: split_tail, ValSplit.SPREAD: split_spread}
+
+
+def split_documents(docs: list[Doc], data: DataConfig) -> tuple[list[Doc], list[Doc]]:
+    """(train, val) of a corpus without its own validation split, by `data.val_split`."""
+    return SPLITS[data.val_split](docs, data.val_fraction)
+
+
+def split_rule(corpus: Corpus, data: DataConfig) -> str:
+    """The split's part of the cache key. Tail's string is the one caches have always had
+    (`tail:0.01`), so adding the choice of rule kept every existing cache valid."""
+    if corpus.val_documents is not None:
+        return "own-val"
+    return f"{data.val_split.value}:{data.val_fraction!r}"
+
+
 def pack(token_docs: list[np.ndarray], eos_id: int, seq_len: int) -> np.ndarray:
     """Documents + eos, concatenated, cut into (N, seq_len + 1) int32 records (tail dropped)."""
     eos = np.array([eos_id], np.int32)
@@ -205,7 +254,7 @@ class PackedCorpus:
 def packed_corpus(corpus: Corpus, data: DataConfig, seq_len: int) -> PackedCorpus:
     """Tokenises and packs `corpus` once; later calls with the same inputs only open the cache."""
     cache_dir = default_cache_dir(data)
-    split_rule = "own-val" if corpus.val_documents else f"tail:{data.val_fraction!r}"
+    rule = split_rule(corpus, data)
     split_cache: list[tuple[list[str], list[str]]] = []
 
     def documents() -> tuple[list[str], list[str]]:  # read at most once, only on a cache miss
@@ -213,12 +262,12 @@ def packed_corpus(corpus: Corpus, data: DataConfig, seq_len: int) -> PackedCorpu
             if corpus.val_documents is not None:
                 split_cache.append((corpus.documents(), corpus.val_documents()))
             else:
-                split_cache.append(split_tail(corpus.documents(), data.val_fraction))
+                split_cache.append(split_documents(corpus.documents(), data))
         return split_cache[0]
 
     # The tokenizer learns from the training documents only: held-out text stays unseen.
-    tok = make_tokenizer(data, f"{corpus.key}|{split_rule}", lambda: documents()[0], cache_dir)
-    key_text = f"{corpus.key}|{tok.fingerprint}|seq_len={seq_len}|{split_rule}|pack-v1"
+    tok = make_tokenizer(data, f"{corpus.key}|{rule}", lambda: documents()[0], cache_dir)
+    key_text = f"{corpus.key}|{tok.fingerprint}|seq_len={seq_len}|{rule}|pack-v1"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
     final = cache_dir / f"packed-{key}"
 
@@ -239,7 +288,7 @@ def packed_corpus(corpus: Corpus, data: DataConfig, seq_len: int) -> PackedCorpu
             "tokenizer": tok.fingerprint,
             "vocab_size": tok.vocab_size,
             "seq_len": seq_len,
-            "split_rule": split_rule,
+            "split_rule": rule,
             "sequences": {name: len(r) for name, r in splits.items()},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
