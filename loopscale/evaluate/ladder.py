@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 
-from loopscale.config import Config
+from loopscale.config import Config, DataSource
 from loopscale.config.schema import DataConfig, ModelConfig
 from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
@@ -41,7 +41,7 @@ CONFIDENCE = 0.95  # the binomial interval of the final answer accuracy that mus
 
 
 def require_permutation(config: Config, what: str) -> None:
-    if config.data.source.value != "permutation":
+    if config.data.source is not DataSource.PERMUTATION:
         raise UsageError(f"--what={what} needs the permutation task; {config.name} trains on "
                          f"data.source={config.data.source.value}")
 
@@ -217,6 +217,17 @@ def summary(rates: Rates, every: int, at_chance: str | None) -> dict:
     return out
 
 
+def _heat_map(ax, matrix_PxH: np.ndarray):
+    """Rates on [0, 1], points up and hops across, each cell centred on its 1-based index."""
+    from matplotlib.ticker import MaxNLocator
+
+    image = ax.imshow(matrix_PxH, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower",
+                      extent=(0.5, matrix_PxH.shape[1] + 0.5, 0.5, len(matrix_PxH) + 0.5))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return image
+
+
 def _not_drawn(ax, name: str, result: dict) -> None:
     ax.axis("off")
     ax.text(0.02, 0.5, f"{name}: at chance, no ladder drawn\n{result['at_chance_reason']}",
@@ -227,7 +238,6 @@ def plot(rows: list[tuple[str, dict]], title: str):
     """Heat maps, iteration x hop beside depth x hop, one row per (name, `summary` dict); a row
     at chance says so instead (its rates are noise)."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(len(rows), 2, figsize=(9, 3.6 * len(rows)), squeeze=False,
                              gridspec_kw={"width_ratios": (1, 1.3)})
@@ -236,15 +246,10 @@ def plot(rows: list[tuple[str, dict]], title: str):
             _not_drawn(ax_it, name, result)
             ax_depth.axis("off")
             continue
-        n_hops = len(result["hops"])
         for ax, key, ylabel in ((ax_it, "iteration", "loop iteration"),
                                 (ax_depth, "layer", "depth (layers, all loops)")):
-            matrix = np.asarray(result[key], float)
-            image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto",
-                              origin="lower", extent=(0.5, n_hops + 0.5, 0.5, len(matrix) + 0.5))
+            image = _heat_map(ax, np.asarray(result[key], float))
             ax.set(xlabel="hop j (the node after j hops)", ylabel=ylabel, title=f"{name}: {key}")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax_it.plot(result["best_hop"], result["iterations"], "o", color="red", ms=4,
                    label="best hop")
         ax_it.legend(fontsize="x-small", loc="upper left")
@@ -260,18 +265,13 @@ def plot_matched(rows: list[tuple[str, dict]], title: str):
     """Matched point x hop heat maps side by side, one panel per (name, `matched` view) scored,
     each point's best hop marked: a looped and an unshared ladder on the same axis."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.6), squeeze=False,
                              sharey=True)
     for (name, view), ax in zip(rows, axes[0]):
-        matrix = np.asarray(view["rate"], float)
-        image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower",
-                          extent=(0.5, matrix.shape[1] + 0.5, 0.5, len(matrix) + 0.5))
+        image = _heat_map(ax, np.asarray(view["rate"], float))
         ax.plot(view["best_hop"], view["points"], "o", color="red", ms=4)
         ax.set(xlabel="hop j", title=f"{name}\n(depth k x {view['every']})")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0, 0].set_ylabel("matched point k")
     fig.colorbar(image, ax=axes[0, -1], label="share naming the node")
     fig.suptitle(title, fontsize="medium")

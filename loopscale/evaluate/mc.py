@@ -217,12 +217,12 @@ def score(parts: Sequence[Part], requests: list[Request], rows: list, scores: Sc
             picked = np.array([np.argmax(normalised(norm, scores, chars[cond], cond, uncond))
                                for cond, uncond in part_rows])
             correct = picked == gold
-            low, high = accuracy_interval(correct)
-            out[f"{key}_{norm.value}_accuracy"], out[f"{key}_{norm.value}_low"], \
-                out[f"{key}_{norm.value}_high"] = float(correct.mean()), low, high
+            figure = dict(zip(("accuracy", "low", "high"),
+                              (float(correct.mean()), *accuracy_interval(correct))))
+            out.update({f"{key}_{norm.value}_{name}": v for name, v in figure.items()})
             out["results"].append({"task": part.task, "formulation": part.formulation.value,
-                                   "normalisation": norm.value, "accuracy": float(correct.mean()),
-                                   "low": low, "high": high, "examples": int(correct.size),
+                                   "normalisation": norm.value, **figure,
+                                   "examples": int(correct.size),
                                    "chance": out[f"{part.task}_chance"]})
     return out
 
@@ -245,6 +245,12 @@ def olmes_scores(tasks: Sequence[olmes.OlmesTask], figures: dict) -> dict:
     return out
 
 
+def _describe_file(task: Task, limit: int | None, chance_accuracy: float) -> dict:
+    return {"name": task.name, "path": task.path, "sha256": task.sha256,
+            "examples": len(task.examples[:limit]), "num_fewshot": task.num_fewshot,
+            "chance": chance_accuracy}
+
+
 def _describe_olmes(task: olmes.OlmesTask) -> dict:
     return {"name": OLMES_PREFIX + task.name, "path": f"{olmes.DISTRIBUTION} {task.version}: "
             f"{olmes.ROOT}/{task.name}/{{{','.join(olmes.FOLDERS.values())}}}",
@@ -264,9 +270,7 @@ def mc(run: Loaded) -> dict:
     requests, rows = plan(parts)
     scores = loglikelihoods(run.config, run.params, run.mesh, tok, requests)
     figures = score(parts, requests, rows, scores)
-    described = [{"name": t.name, "path": t.path, "sha256": t.sha256,
-                  "examples": len(t.examples[:selection.limit]), "num_fewshot": t.num_fewshot,
-                  "chance": figures[f"{t.name}_chance"]} for t in tasks]
+    described = [_describe_file(t, selection.limit, figures[f"{t.name}_chance"]) for t in tasks]
     described += [_describe_olmes(t) for t in olmes_tasks]
     return {"n_loops": run.config.model.n_loops, **figures, "tasks": described,
             **olmes_scores(olmes_tasks, figures)}

@@ -88,7 +88,7 @@ class OlmesTask:
 
     @property
     def sha256(self) -> str:
-        return digest([self.cf.sha256.encode(), self.mcf.sha256.encode()])
+        return task_digest([f.sha256 for f in self.formulated])
 
 
 def is_entry(entry: str) -> bool:
@@ -111,6 +111,12 @@ def digest(parts: Sequence[bytes]) -> str:
     """One hash of several files' bytes (each hashed first, so the boundaries count)."""
     return hashlib.sha256("".join(hashlib.sha256(p).hexdigest() for p in parts).encode()
                           ).hexdigest()
+
+
+def task_digest(formulations: Sequence[str]) -> str:
+    """A task's hash from its formulations' (CF's, MCF's): one formula for `fingerprint`, read
+    before a checkpoint is loaded, and for the loaded task's `sha256`, so the two agree."""
+    return digest([h.encode() for h in formulations])
 
 
 def _distribution() -> importlib.metadata.Distribution:
@@ -142,8 +148,7 @@ def fingerprint(tasks: Sequence[str]) -> dict:
     dist = _distribution()
     hashes = {}
     for name in tasks:
-        parts = [digest(_files(dist, name, f)[1:]).encode() for f in Formulation]
-        hashes[name] = digest(parts)
+        hashes[name] = task_digest([digest(_files(dist, name, f)[1:]) for f in Formulation])
     return {"package": f"{DISTRIBUTION}=={dist.version}", "tasks": hashes}
 
 

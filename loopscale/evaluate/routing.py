@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopscale.config.schema import TrainConfig
+from loopscale.config.schema import FFNKind, TrainConfig
 from loopscale.errors import UsageError
 from loopscale.model import LoopedLM
 from loopscale.train.eval_loss import summed_over_micro_batches
@@ -76,7 +76,7 @@ def routing(run: Loaded) -> dict:
     """Per physical layer, consecutive loop passes compared (a model without loops has no pair
     to compare: refused, rather than reporting shares of zero pairs)."""
     m = run.config.model
-    if m.ffn.value != "moe":
+    if m.ffn is not FFNKind.MOE:
         raise UsageError(f"--what=routing needs an MoE model; {run.config.name} has "
                          f"model.ffn={m.ffn.value}")
     if m.n_loops < 2:
