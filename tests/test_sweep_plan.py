@@ -17,7 +17,9 @@ from loopscale.sweep.plan import config_hash, plan
 from loopscale.sweep.plan_table import PLAN_COLUMNS
 from loopscale.sweep.schema import ShapeKind
 
-ISOFLOP = ["sweeps/isoflop_paper.py", "sweeps/isoflop_cpu.py"]
+ISOFLOP = ["sweeps/isoflop_paper.py", "sweeps/isoflop_cpu.py", "sweeps/isoflop_cpu.py:full"]
+FAMILIES = {"sweeps/isoflop_paper.py": 4, "sweeps/isoflop_cpu.py": 2,  # Base and Looped-MoE
+            "sweeps/isoflop_cpu.py:full": 4}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,8 @@ def test_each_budget_has_its_sizes_around_the_optimum(plans, spec):
             ratios = [r["tokens"] / r["params"] for r in rows]
             target = sweep.shape.tokens_per_param
             assert min(ratios) < target * 2 and max(ratios) > target / 2
-    # Four families, the same muP LR at every width.
-    assert len({r.family for r in result.runs}) == 4
+    # Its families, the same muP LR at every width.
+    assert len({r.family for r in result.runs}) == FAMILIES[spec]
     assert len({r.row["lr"] for r in result.runs}) == 1
 
 
@@ -117,9 +119,11 @@ def test_a_budget_no_shape_meets_is_an_error():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ("--sweep.shape.n_heads=3", "not a multiple of shape.n_heads=3"),
-    ("--sweep.shape.n_heads=0 --sweep.shape.head_dim=4", "not a multiple of the head size 4"),
-    ("--sweep.shape.head_dim=4", "head_dim and shape.n_heads are exclusive"),
+    ("--sweep.shape.head_dim=0 --sweep.shape.n_heads=3", "not a multiple of shape.n_heads=3"),
+    ("--sweep.shape.head_dim=3", "not a multiple of the head size 3"),
+    ("--sweep.shape.n_heads=2", "head_dim and shape.n_heads are exclusive"),
+    ("--sweep.shape.ffn_ratio=-1", "shape.ffn_ratio must be >= 0"),
+    ("--sweep.shape.kind=family", "shape.ffn_ratio applies to shape.kind=width only"),
     ("--sweep.select=base,nope", "no family 'nope'"),
     ("--sweep.shape.kind=ladder", "shape.kind='ladder' is not one of"),
     ("--sweep.budget_tolerance=1.5", "budget_tolerance"),
@@ -132,12 +136,29 @@ def test_bad_sweeps_fail_with_one_line(overrides, message):
         plan(load_sweep("sweeps/isoflop_cpu.py", overrides.split()))
 
 
+def test_ffn_ratio_keeps_the_ffn_a_fixed_multiple_of_the_width(plans):
+    # The family rule would round d_ff up to a multiple of 64 (64 for every d <= 24); the
+    # ratio gives round(8/3 d) at every width, and MoE experts d_ff // top_k.
+    runs = plans["sweeps/isoflop_cpu.py"].runs
+    for r in runs:
+        m = r.config.model
+        assert m.d_ff == round(8 / 3 * m.d_model) and m.head_dim == 4
+        assert m.n_heads == m.d_model // 4
+        if r.family == "looped_moe":
+            assert m.expert_width == m.d_ff // m.top_k
+    assert {r.config.model.d_ff for r in runs if r.config.model.d_model <= 24} == {21, 32, 43, 53, 64}
+    fixed = load_config("sweeps/isoflop_cpu.py", flag="sweep")
+    fixed.families.looped_moe.overrides = {"model": {"expert_d_ff": 16}}
+    with pytest.raises(UsageError, match="family looped_moe fixes model.expert_d_ff=16"):
+        plan(parse_sweep(fixed, sweep_file="sweeps/isoflop_cpu.py"))
+
+
 def test_flop_convention_of_the_sweep_moves_the_plan():
     emb = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"]))
     attn = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base",
                                                      "--sweep.flop_convention=6n_attn"]))
     assert {r.config.flop_convention.value for r in attn.runs} == {"6n_attn"}
-    first = lambda p: next(r.row for r in p.runs if r.row["d_model"] == 8)  # noqa: E731
+    first = lambda p: next(r.row for r in p.runs if r.row["d_model"] == 20)  # noqa: E731
     assert first(attn)["flops_per_token"] > first(emb)["flops_per_token"]
     assert first(attn)["steps"] < first(emb)["steps"]
 
@@ -320,7 +341,7 @@ def test_plan_with_a_topology_compiles_each_shape_once(tmp_path):
     out = tmp_path / "plan.csv"
     r = subprocess.run([sys.executable, "-m", "loopscale.cli", "plan",
                         "--sweep=sweeps/isoflop_cpu.py", "--sweep.select=base",
-                        "--sweep.budgets=(1e10,)", "--sweep.shape.sizes=1", "--sweep.seeds=(0,1)",
+                        "--sweep.budgets=(1e11,)", "--sweep.shape.sizes=1", "--sweep.seeds=(0,1)",
                         "--topology=v5p-8", f"--out={out}"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "shape 1/1 (base d_model=" in r.stderr and "2 run(s)): 1 chip(s)" in r.stderr

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loopscale import flops as flops_lib
-from loopscale.config import Config, FlopConvention, Schedule, load_config, parse
+from loopscale.config import Config, FFNKind, FlopConvention, Schedule, load_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import to_json
 from loopscale.sweep.plan_table import Plan, PlannedRun, Role, format_value
@@ -63,22 +63,28 @@ def _shape_sets(sweep: Sweep, family: Family, base: Config) -> list[Overrides]:
         return [()]
     if rule.kind is ShapeKind.SHAPES:
         return list(rule.shapes)
+    if rule.ffn_ratio and base.model.ffn is FFNKind.MOE and base.model.expert_d_ff:
+        # A fixed expert width would not follow the ratio; d_ff // top_k does.
+        raise UsageError(f"shape.ffn_ratio: family {family.name} fixes model.expert_d_ff="
+                         f"{base.model.expert_d_ff}; set it to 0 (d_ff // top_k)")
     sets = []
     for d in rule.widths:
         if rule.n_heads:  # fixed head count: the head size grows with the width
             if d % rule.n_heads:
                 raise UsageError(f"shape.widths: {d} is not a multiple of shape.n_heads="
                                  f"{rule.n_heads}")
-            sets.append((("model.d_model", d), ("model.n_heads", rule.n_heads),
-                         ("model.head_dim", 0)))
-            continue
-        head = rule.head_dim or base.model.d_head  # fixed head size: heads grow with the width
-        if d % head:
-            raise UsageError(f"shape.widths: {d} is not a multiple of the head size {head} "
-                             f"(family {family.name})")
-        fields = [("model.d_model", d), ("model.n_heads", d // head)]
-        if base.model.head_dim or rule.head_dim:
-            fields.append(("model.head_dim", head))
+            fields = [("model.d_model", d), ("model.n_heads", rule.n_heads),
+                      ("model.head_dim", 0)]
+        else:
+            head = rule.head_dim or base.model.d_head  # fixed head size: heads grow with width
+            if d % head:
+                raise UsageError(f"shape.widths: {d} is not a multiple of the head size {head} "
+                                 f"(family {family.name})")
+            fields = [("model.d_model", d), ("model.n_heads", d // head)]
+            if base.model.head_dim or rule.head_dim:
+                fields.append(("model.head_dim", head))
+        if rule.ffn_ratio:
+            fields.append(("model.d_ff", max(1, round(rule.ffn_ratio * d))))
         sets.append(tuple(fields))
     return sets
 

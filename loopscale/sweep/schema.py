@@ -25,7 +25,9 @@ shape's), so a typo fails at start-up in one line:
                              d_model / head size), "shapes" (explicit model-field sets) or
                              "family" (the family's own shape); widths; head_dim (head size
                              of the width rule, 0 = the family's) or n_heads (a fixed number of
-                             heads of size d_model / n_heads; 0 = use head_dim); shapes;
+                             heads of size d_model / n_heads; 0 = use head_dim); ffn_ratio
+                             (> 0: d_ff = round(ratio * d_model) at every width, so the FFN
+                             keeps its share of the parameters; 0 = the family's rule); shapes;
                              sizes (shapes kept per budget around the expected optimum, 0 = all),
                              tokens_per_param (where that optimum is expected), params (the count
                              that centring and `collect`'s `params` column use)
@@ -96,6 +98,10 @@ class ShapeRule:
     widths: tuple[int, ...]
     head_dim: int  # 0: the family's head size
     n_heads: int  # > 0: this many heads at every width (head size d_model / n_heads)
+    # > 0: d_ff = round(ffn_ratio * d_model) at every width (MoE experts d_ff // top_k). The
+    # family's SwiGLU rule rounds d_ff up to a multiple of 64, which freezes it for every
+    # d <= 24 and changes the model's shape along a small ladder.
+    ffn_ratio: float
     shapes: tuple[Overrides, ...]  # model fields per shape, for kind=shapes
     sizes: int  # shapes per budget around the expected optimum (0: all)
     tokens_per_param: float
@@ -139,8 +145,8 @@ def base_sweep() -> ml_collections.ConfigDict:
     s.flop_convention = ""  # each family's
     s.budgets = ()  # no IsoFLOP: every run trains `steps`
     s.budget_tolerance = 0.05
-    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "shapes": (),
-               "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
+    s.shape = {"kind": "family", "widths": (), "head_dim": 0, "n_heads": 0, "ffn_ratio": 0.0,
+               "shapes": (), "sizes": 0, "tokens_per_param": 20.0, "params": "params_active"}
     s.batch_size, s.seq_len = 0, 0  # the family's
     s.seeds = (0,)
     s.lrs = ()  # the family's train.lr
@@ -275,6 +281,7 @@ def _shape(cfg: Any) -> ShapeRule:
         kind=kind, widths=widths, shapes=shapes,
         head_dim=_typed(_get(s, "head_dim", w), int, w + "head_dim"),
         n_heads=_typed(_get(s, "n_heads", w), int, w + "n_heads"),
+        ffn_ratio=_typed(_get(s, "ffn_ratio", w), float, w + "ffn_ratio"),
         sizes=_typed(_get(s, "sizes", w), int, w + "sizes"),
         tokens_per_param=_typed(_get(s, "tokens_per_param", w), float, w + "tokens_per_param"),
         params=_typed(_get(s, "params", w), str, w + "params"))
@@ -288,9 +295,12 @@ def _shape(cfg: Any) -> ShapeRule:
         raise UsageError(f"shape.params={rule.params!r} is not one of: {', '.join(PARAM_COUNTS)}")
     if rule.head_dim and rule.n_heads:
         raise UsageError("shape.head_dim and shape.n_heads are exclusive; set one to 0")
-    if min(rule.sizes, rule.head_dim, rule.n_heads) < 0 or rule.tokens_per_param <= 0:
-        raise UsageError("shape.sizes, shape.head_dim and shape.n_heads must be >= 0, "
-                         "shape.tokens_per_param > 0")
+    if (min(rule.sizes, rule.head_dim, rule.n_heads, rule.ffn_ratio) < 0
+            or rule.tokens_per_param <= 0):
+        raise UsageError("shape.sizes, shape.head_dim, shape.n_heads and shape.ffn_ratio must "
+                         "be >= 0, shape.tokens_per_param > 0")
+    if rule.ffn_ratio and kind is not ShapeKind.WIDTH:
+        raise UsageError("shape.ffn_ratio applies to shape.kind=width only")
     return rule
 
 

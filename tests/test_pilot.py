@@ -1,0 +1,132 @@
+"""The demo's pilot (scaling/pilot.py): the pooled seed noise, the interval it predicts for
+the IsoFLOP exponent (checked against simulated sweeps, not against its own formula), the gate,
+and the demo's measured curvature."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from loopscale.commands.demo import dropped_share, headline, measured_curvature, targets
+from loopscale.errors import UsageError
+from loopscale.scaling import pilot as pilot_lib
+
+
+def _rows(losses_by_width, budget=3e11):
+    return [{"family": "base", "budget": budget, "d_model": d, "loss": x}
+            for d, xs in losses_by_width.items() for x in xs]
+
+
+def test_seed_noise_pools_the_widths_and_skips_a_width_with_one_seed():
+    a, b = [2.0, 2.1, 2.3], [1.5, 1.6]
+    rows = _rows({16: a, 24: b, 32: [1.0]}) + _rows({16: [""]})  # a failed run
+    rows += _rows({32: [0.5]}, budget=1e12)  # another budget's d 32 is another shape
+    shapes, sigma, dof = pilot_lib.seed_noise(rows)
+    assert [s.d_model for s in shapes] == [16, 24] and dof == 3
+    ss = np.sum((np.array(a) - np.mean(a)) ** 2) + np.sum((np.array(b) - np.mean(b)) ** 2)
+    assert sigma == pytest.approx(math.sqrt(ss / 3))
+    assert shapes[0].std == pytest.approx(np.std(a, ddof=1))
+    with pytest.raises(UsageError, match="no shape with two completed seeds"):
+        pilot_lib.seed_noise(_rows({16: [2.0], 24: [1.0]}))
+
+
+def test_predicted_interval_matches_simulated_sweeps():
+    # Sweeps of five widths at three budgets around a known optimum N_opt = C^0.5, each point
+    # the parabola plus Gaussian noise sigma_L: the spread of the fitted exponents over many
+    # such sweeps is what the pilot predicts from sigma_L, c2 and the design alone.
+    rng = np.random.default_rng(0)
+    sigma_l, c2, a_true = 0.02, 0.3, 0.5
+    budgets = np.array([1e11, 3e11, 1e12])
+    offsets = np.log([0.5, 0.7, 1.0, 1.4, 2.0])
+    points = [(c, math.exp(a_true * math.log(c) + o)) for c in budgets for o in offsets]
+    predicted = pilot_lib.pilot(_rows({8: [1.0, 1.0 + sigma_l * math.sqrt(2)]}), points, c2)
+    assert predicted.sigma_L == pytest.approx(sigma_l)
+    slopes = []
+    for _ in range(2000):
+        vertices = []
+        for c in budgets:
+            x = a_true * math.log(c) + offsets
+            y = 2.0 + c2 * (x - a_true * math.log(c)) ** 2 + rng.normal(0, sigma_l, x.size)
+            q2, q1, _ = np.polyfit(x, y, 2)
+            vertices.append(-q1 / (2 * q2))
+        slopes.append(np.polyfit(np.log(budgets), vertices, 1)[0])
+    simulated = pilot_lib.Z95 * np.std(slopes)
+    assert abs(np.mean(slopes) - a_true) < 0.01
+    assert predicted.a_half_width == pytest.approx(simulated, rel=0.15)
+
+
+def test_the_gate_refuses_noise_above_the_limit():
+    points = [(1e11, 1e4), (1e11, 2e4), (1e12, 3e4), (1e12, 6e4)]
+    quiet = pilot_lib.pilot(_rows({8: [1.0, 1.01, 1.02]}), points, 0.3)
+    noisy = pilot_lib.pilot(_rows({8: [1.0, 1.1, 1.2]}), points, 0.3)
+    assert quiet.resolved and not noisy.resolved
+    assert any("not resolved at this scale" in line for line in pilot_lib.lines(noisy))
+    assert not any("predicted" in line for line in pilot_lib.lines(noisy))  # no exponents
+    assert any("predicted 95% interval on a" in line for line in pilot_lib.lines(quiet))
+    assert noisy.to_json()["resolved"] is False
+    with pytest.raises(UsageError, match="two budgets"):
+        pilot_lib.pilot(_rows({8: [1.0, 1.1]}), points[:2], 0.3)
+    with pytest.raises(UsageError, match="curvature"):
+        pilot_lib.pilot(_rows({8: [1.0, 1.1]}), points, 0.0)
+    assert pilot_lib.pilot(_rows({8: [1.0, 1.1, 1.2]}), points, 0.3, noise_limit=0.2).resolved
+
+
+def test_measured_curvature_recovers_a_parabola():
+    rows = [{"family": "base", "budget": 1e11, "params_active": n,
+             "loss": 3.0 + 0.25 * (math.log(n) - math.log(2e4)) ** 2}
+            for n in (5e3, 1e4, 2e4, 4e4, 8e4)]
+    rows.append({"family": "base", "budget": 1e12, "params_active": 1e4, "loss": 2.0})
+    assert measured_curvature(rows) == {"base": {"1e+11": pytest.approx(0.25)}}
+    rows = [dict(r, budget=1.5e11) for r in rows[:-1]]
+    assert list(measured_curvature(rows)["base"]) == ["1.5e+11"]
+
+
+def test_dropped_share_averages_each_familys_logged_steps(tmp_path):
+    for name, fracs in {"a": [0.1, 0.3], "b": [0.2], "dense": []}.items():
+        (tmp_path / name).mkdir()
+        lines = [json.dumps({"step": i, "dropped_frac": f}) for i, f in enumerate(fracs)]
+        lines.append(json.dumps({"step": 9, "eval_loss": 1.0}))  # an eval row has none
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    rows = [{"family": "moe", "workdir": str(tmp_path / "a")},
+            {"family": "moe", "workdir": str(tmp_path / "b")},
+            {"family": "base", "workdir": str(tmp_path / "dense")},
+            {"family": "base", "workdir": str(tmp_path / "never-started")}]
+    assert dropped_share(rows) == {"moe": pytest.approx(0.2)}
+
+
+def test_targets_judge_the_fit_as_the_issue_states_them():
+    def fam(a_ci, alpha_ci, beta_ci, used=True):
+        return {"isoflop": {"a": 0.5, "a_ci": None, "not_identified": {"a": "not identified "
+                                                                        "(40% of refits failed)"},
+                            "method": "parabola", "alternative": {"a": 0.6},
+                            "minima": [{"budget": 1e11, "used": True},
+                                       {"budget": 1e12, "used": used}]},
+                "parametric": {"a": 0.5, "a_ci": a_ci, "alpha": 0.4, "alpha_ci": alpha_ci,
+                               "beta": 0.4, "beta_ci": beta_ci, "not_identified": {}}}
+    doc = {"families": {"base": fam([0.4, 0.6], [0.2, 0.6], [0.3, 0.7]),
+                        "looped_moe": fam([0.1, 0.9], [0.1, 0.7], None, used=False)},
+           "holdout": {"budget": 1e12, "families": {
+               "base": {"error": -0.01, "observed_loss": 1.3, "predicted_loss": 1.29,
+                        "error_ci": [-0.02, 0.0], "not_identified": {},
+                        "error_parametric": 0.02, "predicted_loss_parametric": 1.32},
+               "looped_moe": {"error": None, "observed_reason": "minimum on the edge"}}}}
+    verdicts = targets(doc)
+    assert verdicts == [
+        "target missed: interior minimum at every budget for every family: not at looped_moe "
+        "1e+12",
+        "target met: base's a (approach 3): 95% interval narrower than 0.3 inside (0, 1): "
+        "0.500 [0.400, 0.600]",
+        "target met: base: parametric alpha and beta intervals narrower than 0.5: alpha 0.400 "
+        "[0.200, 0.600], beta 0.400 [0.300, 0.700]",
+        "target missed: looped_moe: parametric alpha and beta intervals narrower than 0.5: "
+        "alpha 0.400 [0.100, 0.700], beta 0.400",  # no interval: missed
+        "target met: base: held-out largest budget's L_opt predicted within 0.03 nats "
+        "(approach 3): error +0.020",
+        "target missed: looped_moe: held-out largest budget's L_opt predicted within 0.03 nats "
+        "(approach 3): not checked"]
+    lines = headline(doc)
+    assert lines[0] == ("base: a = 0.500 [0.400, 0.600] (approach 3); IsoFLOP parabola 0.500, "
+                        "not identified (40% of refits failed), spline 0.600")
+    assert "by approach 3 1.320 (error +0.020)" in lines[2]
+    assert lines[3] == "looped_moe: held-out 1e+12 not checked (minimum on the edge)"
