@@ -7,7 +7,8 @@ process (figures.py lists them with their targets).
                     and XLA's memory analysis of it
     lean.py         a lean plain-JAX step, the yardstick of the Base step
     torch_ref.py    the FLT authors' looped model as a PyTorch eager step (torch optional)
-    sweep_share.py  a slice of the demo sweep, and the share of its time spent in train steps
+    sweep_share.py  a slice of the demo sweep, run once for the sweep rows: the share of its
+                    time spent in train steps, and its train steps' FLOP rate
     figures.py      one function per figure
     result.py       a figure's row: ratio, target, verdict
     report.py       results.json and results.md

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Callable
 
-from loopscale import checkout
+from loopscale import checkout, flops
 from loopscale.bench import fit_time, lean, steps, sweep_share, timing, torch_ref
 from loopscale.bench.result import SKIPPED, Figure, Target, measured, not_measured, reported
 from loopscale.bench.scale import Scale
@@ -32,6 +31,27 @@ _STEPS: dict[tuple, steps.TrainStep] = {}
 @dataclasses.dataclass
 class Context:
     scale: Scale
+    # The demo sweep slice, run by the first sweep row that asks (`subsweep`): its rows read
+    # one run of it, which takes minutes; per Context, so each suite run measures it afresh.
+    # A slice that failed is kept as its error, so the other rows report it, not rerun it.
+    _subsweep: sweep_share.Subsweep | Exception | None = dataclasses.field(default=None,
+                                                                            repr=False)
+
+    def subsweep(self) -> sweep_share.Subsweep | None:
+        """The scale's slice of the demo sweep, run once for this Context; None at a scale
+        that runs no sweep."""
+        s = self.scale
+        if s.sweep is None:
+            return None
+        if self._subsweep is None:
+            try:
+                self._subsweep = sweep_share.measure(checkout.demo_sweep(), s.sweep,
+                                                     s.sweep_concurrency)
+            except Exception as e:
+                self._subsweep = e
+        if isinstance(self._subsweep, Exception):
+            raise self._subsweep
+        return self._subsweep
 
     def config(self, name: str, *overrides: str):
         return steps.load(name, [*self.scale.shape_overrides(), *overrides])
@@ -203,22 +223,77 @@ def data_vs_step(ctx: Context, key: str, title: str, target: Target) -> Figure:
                      "step_tokens_per_s": tokens / t["step"].median})
 
 
+def _no_sweep(ctx: Context, key: str, title: str, target: Target, percent: bool) -> Figure:
+    return not_measured(key, title, target, SKIPPED,
+                        f"skipped: no sweep at the {ctx.scale.name} scale", percent=percent)
+
+
+def _sweep_command(sub: sweep_share.Subsweep) -> str:
+    return (f"`loopscale sweep --sweep={os.path.relpath(sub.sweep_file)} "
+            f"{' '.join(sub.overrides)} --concurrency={sub.concurrency}` in a fresh directory "
+            f"({sub.share['runs']} runs, {sub.share['steps']} steps, {sub.wall_s:.0f} s)")
+
+
 def sweep_time_share(ctx: Context, key: str, title: str, target: Target) -> Figure:
-    s = ctx.scale
-    if s.sweep is None:
-        return not_measured(key, title, target, SKIPPED,
-                            f"skipped: no sweep at the {s.name} scale", percent=True)
-    sweep_file = checkout.demo_sweep()
-    with tempfile.TemporaryDirectory(prefix="loopscale-bench-sweep-") as workdir:
-        wall = sweep_share.run_subsweep(sweep_file, workdir, s.sweep, s.sweep_concurrency)
-        figures = sweep_share.share(workdir, wall, s.sweep_concurrency)
-    note = (f"`loopscale sweep --sweep={os.path.relpath(sweep_file)} {' '.join(s.sweep)} "
-            f"--concurrency={s.sweep_concurrency}` in a fresh directory ({figures['runs']} runs, "
-            f"{figures['steps']} steps, {wall:.0f} s): sum of the runs' step_time_s / "
-            f"(concurrency x wall time); over the runs' own wall time "
-            f"{100 * figures['share_of_runs']:.0f}%; compiles "
-            f"{100 * figures['compile_share_of_sweep']:.0f}% of the sweep")
+    sub = ctx.subsweep()
+    if sub is None:
+        return _no_sweep(ctx, key, title, target, percent=True)
+    figures = sub.share
+    note = (f"{_sweep_command(sub)}: sum of the runs' step_time_s / (concurrency x wall "
+            f"time); over the runs' own wall time {100 * figures['share_of_runs']:.0f}%; "
+            f"compiles {100 * figures['compile_share_of_sweep']:.0f}% of the sweep")
     return measured(key, title, target, figures["share_of_sweep"], note, figures, percent=True)
+
+
+def sweep_runs_share(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    sub = ctx.subsweep()
+    if sub is None:
+        return _no_sweep(ctx, key, title, target, percent=True)
+    figures = sub.share
+    note = (f"the same sweep as sweep_time_share, {_sweep_command(sub)}: sum of the runs' "
+            f"step_time_s {figures['step_s']:.0f} s / sum of their summary.json wall_time_s "
+            f"{figures['runs_wall_s']:.0f} s (leaves out worker start-up, JAX import and the "
+            "runner; holds compiles, data set-up, evaluation and checkpoints)")
+    return measured(key, title, target, figures["share_of_runs"], note, figures, percent=True)
+
+
+def demo_vs_lean_flops(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    sub = ctx.subsweep()
+    if sub is None:
+        return _no_sweep(ctx, key, title, target, percent=False)
+    demo, config = sub.flops, sub.median_config
+    m, t = config.model, config.train
+    # The lean step at the median run's own config (read back from its run directory), so
+    # the shape is the demo's to the last field: layers, head size, d_ff, batch, sequence.
+    ref = lean.LeanStep(config, steps.synthetic_batch(config))
+    timed = ctx.time({"lean": ref})["lean"]
+    tokens = t.batch_size * t.seq_len
+    per_token = flops.flops_per_token(m, t.seq_len, config.flop_convention)
+    computed = flops.computed_flops_per_token(m, t.seq_len)
+    lean_rate = per_token * tokens / timed.median
+    lean_computed = computed * tokens / timed.median
+    ratio_computed = demo["computed_flops_per_s"] / lean_computed
+    note = (f"{_sweep_command(sub)}: sum over runs of own steps x {t.batch_size} x "
+            f"{t.seq_len} tokens x summary.json flops_per_token_train ({demo['flop_convention']}"
+            f", embedding counted, attention matrices not) / sum of their step_time_s = "
+            f"{demo['flops_per_s'] / 1e9:.2f} GFLOP/s, {sub.concurrency} runs at a time; / "
+            f"loopscale/bench/lean.py at the median run's config (d_model {m.d_model}, "
+            f"{m.n_heads} heads of {m.d_head}, d_ff {m.ffn_width}, {m.effective_depth} layers, "
+            f"batch {t.batch_size} x {t.seq_len}, float32; {config.flop_convention.value} "
+            f"{per_token:,.0f} FLOPs/token) timed alone, median of {len(timed.samples)} steps "
+            f"after {ctx.scale.warmup} warm-up, {timed.median * 1e3:.2f} ms = "
+            f"{lean_rate / 1e9:.2f} GFLOP/s; counting what the compiled steps execute "
+            f"(flops.computed_flops_per_token: attention matrices in full) "
+            f"{demo['computed_flops_per_s'] / 1e9:.2f} / {lean_computed / 1e9:.2f} GFLOP/s = "
+            f"{ratio_computed:.2f}")
+    return measured(key, title, target, demo["flops_per_s"] / lean_rate, note,
+                    {"demo": {k: v for k, v in demo.items() if k != "per_run"},
+                     "demo_runs": demo["per_run"], "lean_step": timed.to_json(),
+                     "lean_compile_s": ref.compile_s, "lean_d_model": m.d_model,
+                     "lean_flops_per_token": per_token,
+                     "lean_computed_flops_per_token": computed,
+                     "lean_flops_per_s": lean_rate, "lean_computed_flops_per_s": lean_computed,
+                     "ratio_computed": ratio_computed, "concurrency": sub.concurrency})
 
 
 def jax_vs_torch(ctx: Context, key: str, title: str, target: Target) -> Figure:
@@ -337,6 +412,12 @@ FIGURES = (
          Target(">=", 10.0, ">= 10"), data_vs_step),
     Spec("sweep_time_share", lambda s: "share of a sweep's wall time spent in train steps",
          Target(">=", 0.70, ">= 70%"), sweep_time_share, percent=True),
+    Spec("sweep_runs_share", lambda s: "train steps / the same sweep's runs' own wall time",
+         Target(">=", 0.70, ">= 70%"), sweep_runs_share, percent=True),
+    Spec("demo_vs_lean_flops",
+         lambda s: "demo train-step FLOP/s (its runs summed) / lean step FLOP/s at the demo's "
+                   "median width",
+         Target(">=", 0.5, ">= 0.50"), demo_vs_lean_flops),
     Spec("jax_vs_torch",
          lambda s: "looped JAX step / FLT authors' PyTorch eager step of the same model",
          at_most(1.5, "reported; stretch <= 1.5"), jax_vs_torch),

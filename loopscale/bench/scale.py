@@ -27,7 +27,9 @@ class Scale:
     memory_loops: int  # loops of the remat memory figure
     compile_loops: tuple[int, int]  # (few, many) loops of the compile-time figure
     data_batches: int  # batches drawn per timed round of the data pipeline
-    # `loopscale sweep` overrides of the demo sweep slice; None: the figure is not run
+    # `loopscale sweep` overrides of the demo sweep slice the sweep rows read (FULL: Base at
+    # the demo's lowest budget, 5 widths, d 8..24, a real piece of the demo); None: those
+    # rows are not run
     sweep: tuple[str, ...] | None
     sweep_concurrency: int
     fit_grid: str  # starts of the approach-3 fit (parametric.grid_starts)
@@ -51,7 +53,7 @@ class Scale:
 FULL = Scale(name="full", d_model=128, n_heads=2, seq_len=128, batch_size=8, reps=11, warmup=1,
              compile_reps=5, base_layers=16, layers=4, flt_loops=4, memory_loops=12,
              compile_loops=(2, 12), data_batches=20,
-             sweep=("--sweep.select=base", "--sweep.budgets=(1e10,)"), sweep_concurrency=2,
+             sweep=("--sweep.select=base", "--sweep.budgets=(5e10,)"), sweep_concurrency=2,
              fit_grid="hoffmann", fit_bootstrap=1000, mfu_preset="paper", mfu_topology="v5p-128")
 
 TINY = Scale(name="tiny", d_model=32, n_heads=1, seq_len=16, batch_size=2, reps=1, warmup=0,

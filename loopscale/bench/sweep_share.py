@@ -1,21 +1,31 @@
-"""How much of a sweep's wall time goes to train steps: a small slice of the demo sweep
-(sweeps/isoflop_cpu.py) run by `loopscale sweep` in a scratch directory, then read back.
+"""A small slice of the demo sweep (sweeps/isoflop_cpu.py) run by `loopscale sweep` in a
+scratch directory, then read back: how much of its wall time went to train steps, and how
+fast those steps computed.
 
 The share is (sum over runs of their train steps' seconds, `step_time_s` in metrics.jsonl) /
 (concurrency x the sweep's wall time): the fraction of the runner's slot-seconds spent inside
 jitted train steps. The rest is process start, JAX import, data set-up, tracing and compiling,
 evaluation, checkpoints and the runner's polling.
+
+The FLOP rate is (sum over runs of the FLOPs their own train steps computed) / (sum of those
+steps' seconds): tokens trained x FLOPs per token, under the run's `flop_convention` (what
+summary.json's `flops_per_token_train` says) and, beside it, under the count of what the
+compiled step executes (`flops_per_token_computed`, flops.computed_flops_per_token).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
+import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 
-from loopscale.files import read_jsonl
-from loopscale.rundir.run import METRICS, read_summary
+from loopscale.config import Config
+from loopscale.files import read_json, read_jsonl
+from loopscale.rundir.run import CONFIG, METRICS, read_config, read_summary
 
 
 def run_subsweep(sweep_file: str, workdir: str, overrides: Sequence[str],
@@ -36,12 +46,32 @@ def run_subsweep(sweep_file: str, workdir: str, overrides: Sequence[str],
     return wall
 
 
-def step_seconds(rundir: str) -> tuple[float, int]:
-    """(seconds in train steps, steps) of one run. Every step's time is logged when
-    log_every is 1; otherwise the logged steps' mean stands for the others."""
-    rows = [r for r in read_jsonl(os.path.join(rundir, METRICS)) if "step_time_s" in r]
+def run_dirs(workdir: str) -> list[str]:
+    return sorted(d for d in glob.glob(os.path.join(workdir, "runs", "*")) if os.path.isdir(d))
+
+
+def _train_config(rundir: str) -> dict:
+    """config.json's `train` section as written (no parsing: a fake run in a test, or one
+    from an older loopscale, may hold only a few fields)."""
+    return (read_json(os.path.join(rundir, CONFIG)) or {}).get("train") or {}
+
+
+def own_steps(rundir: str) -> int:
+    """The steps this run trained itself. summary.json's `steps` is the step it reached; a
+    cooldown branch started at its trunk's branch_step, whose steps (and their times) are the
+    trunk's, not its own metrics.jsonl's."""
     summary = read_summary(rundir) or {}
-    steps = int(summary.get("steps") or len(rows))
+    steps = int(summary.get("steps") or 0)
+    train = _train_config(rundir)
+    start = int(train.get("branch_step") or 0) if train.get("branch_from") else 0
+    return max(steps - start, 0)
+
+
+def step_seconds(rundir: str) -> tuple[float, int]:
+    """(seconds in train steps, steps) of one run's own steps. Every step's time is logged
+    when log_every is 1; otherwise the logged steps' mean stands for the others."""
+    rows = [r for r in read_jsonl(os.path.join(rundir, METRICS)) if "step_time_s" in r]
+    steps = own_steps(rundir) or len(rows)
     if not rows:
         return 0.0, steps
     return sum(r["step_time_s"] for r in rows) * steps / len(rows), steps
@@ -49,7 +79,7 @@ def step_seconds(rundir: str) -> tuple[float, int]:
 
 def share(workdir: str, wall_s: float, concurrency: int) -> dict:
     """The sweep's time budget, read from its run directories (workdir/runs/*)."""
-    rundirs = sorted(d for d in glob.glob(os.path.join(workdir, "runs", "*")) if os.path.isdir(d))
+    rundirs = run_dirs(workdir)
     step_s = steps = run_wall_s = compile_s = 0.0
     for rundir in rundirs:
         s, n = step_seconds(rundir)
@@ -68,3 +98,65 @@ def share(workdir: str, wall_s: float, concurrency: int) -> dict:
         "share_of_runs": step_s / run_wall_s if run_wall_s else 0.0,
         "compile_share_of_sweep": compile_s / slots if slots else 0.0,
     }
+
+
+def run_flops(rundir: str) -> dict:
+    """One run's own train steps: tokens, FLOPs under its convention and as computed, and
+    their seconds. Tokens are own steps x batch_size x seq_len of config.json."""
+    summary = read_summary(rundir) or {}
+    train = _train_config(rundir)
+    step_s, steps = step_seconds(rundir)
+    tokens = steps * int(train["batch_size"]) * int(train["seq_len"])
+    model = (read_json(os.path.join(rundir, CONFIG)) or {}).get("model") or {}
+    return {"run": os.path.basename(rundir), "d_model": model.get("d_model"), "steps": steps,
+            "tokens": tokens, "step_s": step_s,
+            "flop_convention": summary.get("flop_convention"),
+            "flops": tokens * float(summary["flops_per_token_train"]),
+            "flops_computed": tokens * float(summary["flops_per_token_computed"])}
+
+
+def flop_rate(workdir: str) -> dict:
+    """The sweep's train-step FLOP rate: its runs' FLOPs summed over their step seconds
+    summed, under the runs' convention and as computed; and its median width by run (the
+    lower median when the runs are even in number, so it is a width that ran)."""
+    runs = [run_flops(d) for d in run_dirs(workdir)]
+    if not runs:
+        raise ValueError(f"{workdir}: no run directories under runs/")
+    step_s = sum(r["step_s"] for r in runs)
+    flops = sum(r["flops"] for r in runs)
+    computed = sum(r["flops_computed"] for r in runs)
+    conventions = sorted({str(r["flop_convention"]) for r in runs})
+    return {"runs": len(runs), "tokens": sum(r["tokens"] for r in runs), "step_s": step_s,
+            "flops": flops, "flops_computed": computed,
+            "flop_convention": ",".join(conventions),
+            "flops_per_s": flops / step_s if step_s else 0.0,
+            "computed_flops_per_s": computed / step_s if step_s else 0.0,
+            "median_d_model": statistics.median_low(r["d_model"] for r in runs),
+            "per_run": runs}
+
+
+@dataclasses.dataclass(frozen=True)
+class Subsweep:
+    """What the bench's sweep rows read from one run of the slice, kept after its scratch
+    directory is gone: the wall time, `share`, `flop_rate`, and the config of the run at the
+    median width (the shape the lean step is timed at)."""
+
+    sweep_file: str
+    overrides: tuple[str, ...]
+    concurrency: int
+    wall_s: float
+    share: dict
+    flops: dict
+    median_config: Config
+
+
+def measure(sweep_file: str, overrides: Sequence[str], concurrency: int) -> Subsweep:
+    """Runs the slice once in a fresh scratch directory and reads everything back."""
+    with tempfile.TemporaryDirectory(prefix="loopscale-bench-sweep-") as workdir:
+        wall = run_subsweep(sweep_file, workdir, overrides, concurrency)
+        rate = flop_rate(workdir)
+        median = next(r["run"] for r in rate["per_run"]
+                      if r["d_model"] == rate["median_d_model"])
+        return Subsweep(sweep_file, tuple(overrides), concurrency, wall,
+                        share(workdir, wall, concurrency), rate,
+                        read_config(os.path.join(workdir, "runs", median)))
