@@ -15,9 +15,18 @@ Per family:
 Intervals: one cluster bootstrap over all the family's runs (bootstrap.py; trunks move with
 all their branches, across the split), each resample refitting the training laws and the
 held-out minimum together, so the error's interval carries both the fit's and the held-out
-point's uncertainty. The parametric prediction has a point value only (a 4,500-start refit per
-resample is too slow for a check); more than 10% of refits failing for a figure makes it not
-identified, as everywhere.
+point's uncertainty. The parametric prediction gets its interval from the same resamples (so
+the two predictions' intervals compare like with like): each refits approach 3 on the
+resample's training rows, seeded as parametric.bootstrap_parametric seeds its refits (the
+resample's variable-projection starts plus the point fit's optimum, tight, under the point
+fit's bounds on E), not from the 4,500-start grid. The two refits fail independently: a
+failed parametric refit is NaN in the parametric figures only, a failed IsoFLOP refit NaN in
+the IsoFLOP ones only (a resample counts as failed outright when nothing could be refitted).
+The resampled runs are the point fits' (every smaller budget, those without a usable minimum
+too, plus the held-out one), drawn within each budget that has a minimum and, pooled, among
+the others. A family without a training law but with a parametric prediction is still
+bootstrapped, for the parametric interval. More than 10% of refits failing for a figure
+makes it not identified, as everywhere.
 
 Marin's leave-future-out check (their 1e21 prediction: 2.606 against 2.599 observed) is the
 model for this: a law that cannot predict a budget it has not seen should not be trusted to
@@ -49,7 +58,8 @@ from loopscale.scaling.runs import FamilyRuns
 LARGEST = "largest"
 # Figures of a held-out check, each with a bootstrap interval where the bootstrap can give one.
 FIGURES = ("predicted_loss", "predicted_loss_saturating", "observed_loss", "error",
-           "error_saturating", "predicted_n_opt", "observed_n_opt", "error_log_n_opt")
+           "error_saturating", "predicted_n_opt", "observed_n_opt", "error_log_n_opt",
+           "predicted_loss_parametric", "error_parametric")
 # The training law's figures kept per resample, for the prediction band of the figure.
 BAND_FIGURES = ("A", "alpha")
 
@@ -76,12 +86,25 @@ class Holdout:
                            observed_n_opt=self.observed.params_opt)
         if laws is not None:
             figures.update(predictions(laws, self.budget, self.observed))
-        figures["predicted_loss_parametric"] = (
-            float(self.parametric.frontier(np.array(self.budget)))
-            if self.parametric is not None and self.parametric.has_allocation else math.nan)
-        figures["error_parametric"] = figures["predicted_loss_parametric"] - figures[
-            "observed_loss"]
+        figures.update(parametric_predictions(self.parametric, self.budget, self.observed))
         return figures
+
+
+def predicts(pfit: par.ParametricFit | None) -> bool:
+    """Whether approach 3 gives a prediction: a fit with a compute-optimal allocation."""
+    return pfit is not None and pfit.has_allocation
+
+
+def parametric_predictions(pfit: par.ParametricFit | None, budget: float,
+                           observed: BudgetMinimum) -> dict[str, float]:
+    """Approach 3's frontier at `budget` and its error against `observed` (NaN where there is
+    no fit, no allocation or no usable held-out minimum)."""
+    loss = math.nan
+    if predicts(pfit):
+        with np.errstate(all="ignore"):  # a degenerate refit's frontier: inf/NaN, a failure
+            loss = float(pfit.frontier(np.array(budget)))
+    seen = observed.loss_opt if observed.used else math.nan
+    return {"predicted_loss_parametric": loss, "error_parametric": loss - seen}
 
 
 def predictions(laws: FrontierLaws, budget: float, observed: BudgetMinimum) -> dict[str, float]:
@@ -143,37 +166,74 @@ def fit_holdout(runs: FamilyRuns, budget: float, spline: bool, weighted: bool, g
                                   par.grid_starts(grid), huber_delta, e_bounds=e_bounds)
     except FitError:
         pass
-    if train.laws is None:
-        return Holdout(runs.name, budget, train, observed, pfit, None,
-                       f"no law on the other budgets: {train.reason}")
+    reason = None if train.laws is not None else f"no law on the other budgets: {train.reason}"
     boot = None
-    if n_resamples > 0:
-        boot = _bootstrap(runs, held, train, observed, n_resamples, rng_boot, level)
-    return Holdout(runs.name, budget, train, observed, pfit, boot, None)
+    # Without a training law the bootstrap still gives the parametric prediction's interval.
+    if n_resamples > 0 and (train.laws is not None or predicts(pfit)):
+        boot = _bootstrap(runs, held, train, observed, pfit, huber_delta, n_resamples,
+                          rng_boot, level)
+    return Holdout(runs.name, budget, train, observed, pfit, boot, reason)
 
 
 def _bootstrap(runs: FamilyRuns, held: np.ndarray, train: iso.IsoFlopFit,
-               observed: BudgetMinimum, n_resamples: int, rng: np.random.Generator,
-               level: float) -> Bootstrap:
-    """Training minima, laws and the held-out minimum refitted on each cluster resample."""
+               observed: BudgetMinimum, pfit: par.ParametricFit | None, huber_delta: float,
+               n_resamples: int, rng: np.random.Generator, level: float) -> Bootstrap:
+    """Training minima, laws, approach 3 and the held-out minimum refitted on each cluster
+    resample (see the module docstring)."""
     spline = train.method == "spline"
     kept = [m for m in train.minima if m.used]
-    rows = np.flatnonzero(held | np.isin(runs.budgets, [m.budget for m in kept]))
+    # Every run the point fits saw: the parametric fit trains on all the smaller budgets, also
+    # those without a usable minimum (which the IsoFLOP refits then ignore).
+    rows = np.flatnonzero(held | (runs.budgets < observed.budget))
     sub = runs.where(rows)
     x = np.log(sub.params)
     brackets = {b: (x[sub.budgets == b].min(), x[sub.budgets == b].max())
                 for b in np.unique(sub.budgets)}
+    training = sub.budgets < observed.budget
 
     def minimum(idx: np.ndarray, like: BudgetMinimum) -> BudgetMinimum:
         return resampled_minimum(like, idx, sub.budgets, sub.params, sub.tokens, sub.loss,
                                  sub.unique, spline, brackets[like.budget])
 
-    def refit(idx: np.ndarray) -> Mapping[str, float] | None:
+    def isoflop(idx: np.ndarray, seen: BudgetMinimum) -> dict[str, float] | None:
+        if train.laws is None:
+            return None
         try:
             laws = fit_laws([minimum(idx, m) for m in kept], train.weighted, train.laws)
         except FitError:
             return None
-        return predictions(laws, observed.budget, minimum(idx, observed))
+        return predictions(laws, observed.budget, seen)
 
-    plan = design(rows.size, sub.clusters, sub.budgets)
-    return run_bootstrap(refit, FIGURES + BAND_FIGURES, plan, n_resamples, rng, level=level)
+    def parametric(idx: np.ndarray, seen: BudgetMinimum) -> dict[str, float] | None:
+        if not predicts(pfit):
+            return None
+        idx = idx[training[idx]]
+        n, d, loss = sub.params[idx], sub.tokens[idx], sub.loss[idx]
+        try:
+            refitted = par.fit_parametric(
+                n, d, loss, starts=par.refit_starts(pfit, n, d, loss, pfit.e_bounds),
+                delta=huber_delta, tight=True, e_bounds=pfit.e_bounds)
+        except FitError:
+            return None
+        return parametric_predictions(refitted, observed.budget, seen)
+
+    def refit(idx: np.ndarray) -> Mapping[str, float] | None:
+        seen = minimum(idx, observed)
+        iso_figures, par_figures = isoflop(idx, seen), parametric(idx, seen)
+        if iso_figures is None and par_figures is None:
+            return None
+        # A figure missing here is NaN in this resample (run_bootstrap): a failure of that
+        # figure alone. The held-out minimum needs neither law.
+        observed_figures = {"observed_loss": seen.loss_opt if seen.used else math.nan,
+                            "observed_n_opt": seen.params_opt if seen.used else math.nan}
+        return {**observed_figures, **(iso_figures or {}), **(par_figures or {})}
+
+    # Strata: each budget with a minimum (as before), and the budgets without one pooled: a
+    # table like Chinchilla's has dozens of such budgets of one run each, and a stratum of one
+    # cluster would make bootstrap.design give up stratifying the minima's budgets too.
+    with_minimum = np.isin(sub.budgets, [m.budget for m in kept]) | (
+        sub.budgets == observed.budget)
+    plan = design(rows.size, sub.clusters, np.where(with_minimum, sub.budgets, -1.0))
+    with par.single_threaded_blas():
+        return run_bootstrap(refit, FIGURES + BAND_FIGURES, plan, n_resamples, rng,
+                             level=level)
