@@ -10,11 +10,13 @@ grows. The IsoFLOP sweeps hold the optimum found here across all their widths (t
 so run this first. What it should show: in lr.csv, grouped by d_model, the lowest loss at the
 same lr for every width.
 
-ARG `tiny` (default, CPU): the Base family at 4 layers in the setting of sweeps/isoflop_cpu.py
-(base width 32, one head, byte-level KJV, batch 64 x 64), widths 4..32, 4 learning rates, 150
-steps: 16 runs. Measured on the 1e11-FLOP IsoFLOP of that setting, lr 6e-3 / 1.2e-2 / 2.4e-2 /
-4.8e-2 gave eval losses 1.81 / 1.77 / 1.82 / 2.06 at d 8 (722 steps) and 2.13 / 2.09 / 2.17 /
-2.41 at d 32 (99 steps): the same optimum, 1.2e-2, which isoflop_cpu uses. ARG `paper`: widths
+ARG `tiny` (default, CPU): the Base family at 4 layers in the setting sweeps/isoflop_cpu.py had
+until 2026-12-04 (base width 32, one head, byte-level KJV, batch 64 x 64), widths 4..32, 4
+learning rates, 150 steps: 16 runs. Measured on the 1e11-FLOP IsoFLOP of that setting, lr 6e-3 /
+1.2e-2 / 2.4e-2 / 4.8e-2 gave eval losses 1.81 / 1.77 / 1.82 / 2.06 at d 8 (722 steps) and 2.13
+/ 2.09 / 2.17 / 2.41 at d 32 (99 steps): the same optimum, 1.2e-2, which isoflop_cpu used then.
+Its present design (head size 4, d_ff a fixed multiple of d, base width 8, batch 8 x 64) takes
+its LR from the one-width sweep its docstring gives. ARG `paper`: widths
 128..1024 at 4 layers, 2,000 steps of 256 x 1024 tokens, 5 learning rates around the study's
 1e-2 (sweeps/isoflop_paper.py).
 """
