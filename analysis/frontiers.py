@@ -2,10 +2,10 @@
 
 Inputs, made by:
 
-    loopscale sweep --sweep=sweeps/isoflop_cpu.py --workdir=runs/isoflop_cpu --concurrency=2
-    for r in runs/isoflop_cpu/runs/*/; do loopscale eval --workdir=$r --what=early_exit,jsd; done
-    for r in runs/isoflop_cpu/runs/*/; do loopscale eval --workdir=$r --what=routing; done  # Looped-MoE
-    .venv/bin/python analysis/frontiers.py --workdir=runs/isoflop_cpu --params-column=params_active
+    loopscale sweep --sweep=sweeps/isoflop_cpu.py:full --sweep.seeds=0,1 --workdir=runs/frontiers --concurrency=2
+    for r in runs/frontiers/runs/*/; do loopscale eval --workdir=$r --what=early_exit,jsd; done
+    for r in runs/frontiers/runs/*/; do loopscale eval --workdir=$r --what=routing; done  # Looped-MoE
+    .venv/bin/python analysis/frontiers.py --workdir=runs/frontiers --params-column=params_active
 
 (`sweeps/isoflop_paper.py` is the study's grid; `s.measure = "early_exit,jsd"` in a sweep file
 measures each run as it completes; `routing` refuses a dense run and one without loops,
@@ -17,8 +17,8 @@ and report functions of `loopscale fit` / `loopscale report`, on the table `loop
 makes, so the exponents are `loopscale fit`'s with the same flags), unique against effective and
 active parameters per family and width, routing divergence across loop passes (eval/routing.json),
 the early-exit table in the layout of the study's Table 7 (perplexity at full depth and at
-5/10/20/30% of forward FLOPs saved; eval/early_exit.json) and the JSD of each exit from the final
-one (eval/jsd.json). Where a figure's input is missing the report names the runs that lack it.
+5/10/20/30% of forward FLOPs saved; eval/early_exit.json) and the JSD after each layer from the
+final one (eval/jsd.json). Where a figure's input is missing the report names the runs that lack it.
 """
 
 from __future__ import annotations
@@ -215,24 +215,40 @@ def early_exit_section(runs: list[common.Run], figures: list) -> Section:
 
 def jsd_section(runs: list[common.Run], figures: list) -> Section:
     picks = chosen(runs, "jsd")
-    blocks: list = [("Jensen-Shannon divergence (bits) of each exit's next-token distribution "
-                    "from the final exit's (eval/jsd.json): mean over held-out tokens and the "
-                    "share of tokens below 0.5 (converged), per exit, for the run chosen per "
-                    "family as for Table 7.")]
-    rows = [(r.family, r.run_id, width(r), ", ".join(map(str, x["exits"])) or "none",
-             ", ".join(common.num(v, 3) for v in x["mean"]) or "–",
-             ", ".join(common.num(v, 3) for v in x["share_below"]) or "–")
-            for r, x in picks]
-    if rows:
-        blocks.append(Table(("family", "run", "d_model", "exits", "mean JSD", "share below 0.5"),
-                            tuple(rows)))
-        figure = lines_figure("jsd", "JSD per exit", "Mean JSD to the final exit.",
-                              [(x["exits"], x["mean"], run.family) for run, x in picks],
-                              xlabel="exit", ylabel="JSD to the final exit (bits)", ylim=(0, 1))
+    blocks: list = [("Jensen-Shannon divergence (bits) of the next-token distribution after "
+                    "each layer (read through the final norm and unembedding) from the final "
+                    "one (eval/jsd.json), for looped and unlooped models alike: mean over "
+                    "held-out tokens and the share of tokens below 0.5 bits at each depth, the "
+                    "fraction of the depth at which a token first converges (mean), and the "
+                    "loop boundaries; the run chosen per family as for Table 7. The study's "
+                    "claim is that looped models converge earlier in depth.")]
+
+    def row(r, x):
+        return (r.family, r.run_id, width(r),
+                ", ".join(map(str, x["loop_boundaries"])),
+                ", ".join(common.num(v, 3) for v in x["depth_mean"]),
+                ", ".join(common.num(v, 3) for v in x["depth_share_below"]),
+                common.num(x["first_converged_fraction_mean"], 3))
+
+    # A jsd.json from before every depth was measured holds loop exits only: left out, named.
+    old = [r for r, x in picks if "depth_mean" not in x]
+    picks = [(r, x) for r, x in picks if "depth_mean" in x]
+    if picks:
+        blocks.append(Table(("family", "run", "d_model", "loop boundaries", "mean JSD by depth",
+                             "share below 0.5 by depth", "first converged (depth fraction)"),
+                            tuple(row(r, x) for r, x in picks)))
+        figure = lines_figure("jsd", "JSD by depth", "Mean JSD to the final layer's "
+                              "distribution after each layer.",
+                              [(x["depths"], x["depth_mean"], run.family) for run, x in picks],
+                              xlabel="depth (layers applied)",
+                              ylabel="JSD to the final layer (bits)", ylim=(0, 1))
         figures.append(figure)
         blocks.append(common.image(figure))
+    if old:
+        blocks.append(common.missing(old, "eval/jsd.json holds loop exits only (re-run "
+                                          "`loopscale eval --what=jsd`)"))
     blocks += unmeasured(runs, "jsd")
-    return Section("Convergence across exits (JSD)", "jsd", tuple(blocks))
+    return Section("Convergence in depth (JSD)", "jsd", tuple(blocks))
 
 
 def analyse(runs: list[common.Run], args: argparse.Namespace) -> common.Analysis:

@@ -153,6 +153,11 @@ def test_frontiers_table7_and_missing(iso_sweep):
                        ("ppl_full", "ppl_at_5", "ppl_at_10", "ppl_at_20", "ppl_at_30")]
     routing = json.loads((iso_sweep / "runs" / "lmoe" / "eval" / "routing.json").read_text())
     assert any(r[4] == common.num(routing["identical_mean"]) for r in rows_of(report, "looped_moe"))
+    # JSD after every layer, as eval/jsd.json measured it (looped or not).
+    jsd = json.loads((iso_sweep / "runs" / "lmoe" / "eval" / "jsd.json").read_text())
+    row = next(r for r in rows_of(report, "looped_moe") if r[1] == "lmoe" and len(r) == 7)
+    assert row[4] == ", ".join(common.num(v, 3) for v in jsd["depth_mean"])
+    assert row[6] == common.num(jsd["first_converged_fraction_mean"], 3)
     # The Base runs were never evaluated: named as missing, the rest of the report intact.
     assert "Missing for 6 run(s) (no eval/early_exit.json)" in report
     assert "Missing for 6 run(s) (no eval/jsd.json)" in report

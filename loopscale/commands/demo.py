@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections import defaultdict
 
 from loopscale import checkout
@@ -202,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.scaling.table import Columns
     from loopscale.sweep import collect
 
+    started = time.monotonic()
     sweep = args.sweep or checkout.demo_sweep()
     spec = f"{sweep}:full" if args.full else sweep
     workdir = args.workdir
@@ -240,4 +242,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"the design's assumptions, measured ({checks_json}): IsoFLOP curvature c2 (assumed "
           f"{args.curvature:g} nats per (ln N)^2) {json.dumps(checks['curvature_measured'])}; "
           f"share of MoE token assignments dropped {json.dumps(checks['moe_dropped_frac'])}")
+    elapsed = round(time.monotonic() - started)
+    print(f"loopscale demo: {elapsed // 60} min {elapsed % 60} s (runs found done are not "
+          f"trained again)")
     return 0
