@@ -29,8 +29,8 @@ The design (issue #21), for this scale's noise:
 - batch 8 x 64 tokens, so every point trains at least 300 steps (`min_steps`; a shape that
   would train fewer is left out). Smaller batches are also faster per token here: a Base step
   at d 32 took 6.0 / 11.4 / 14.0 / 36.3 ms at batch 4 / 8 / 12 / 16 (one process, 2026-12-04);
-- budgets 5e10, 1.5e11 and 5e11 FLOPs (a 10x span; 1e11-1e12 would take twice as long, past the
-  15 minutes `make demo` has), 5 widths per budget centred at 30 tokens per parameter, as WSD
+- budgets 5e10, 1.5e11 and 5e11 FLOPs (a 10x span; 1e11-1e12 would spend twice the FLOPs,
+  past the 15 minutes `make demo` has), 5 widths per budget centred at 30 tokens per parameter, as WSD
   cooldown branches of one trunk per width. The centring is the one choice made after a run:
   at the study's 20 the 5e11 grid (d 24-48) had its minimum at its lower edge (Looped-MoE) or
   nearly (Base, centring 0.11), the minima lying at 30-50 tokens per parameter;
@@ -102,8 +102,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # costs weigh on its time.
     s.evals, s.checkpoints = 1, 2
     s.branches = True
-    # 2 AVX2 cores (~190 GFLOP/s fp32 peak) at 5%: what loopscale's steps reach at these widths
-    # (`make bench`); the estimate sets est_device_hours only.
+    # 2 AVX2 cores (~190 GFLOP/s fp32 peak) at 5%, an assumption for est_device_hours only:
+    # `make bench`'s demo row measured 5.97 GFLOP/s (3%) on the 5e10 Base slice, two at a time.
     s.peak_flops, s.mfu = 1.9e11, 0.05
     if arg == "pilot":
         s.name = "isoflop_cpu_pilot"

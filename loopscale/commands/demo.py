@@ -60,17 +60,15 @@ def _say(argv: list[str]) -> None:
     print(f"\n$ loopscale {' '.join(argv)}", flush=True)
 
 
-def _sweep_and_collect(spec: str, workdir: str, concurrency: int) -> list[dict] | None:
-    """`loopscale sweep` then `loopscale collect` into workdir/results.csv: the collected rows,
-    or None if a run failed."""
+def _sweep_and_collect(spec: str, plan, workdir: str, concurrency: int) -> list[dict] | None:
+    """`loopscale sweep` of `plan` (the plan of `spec`) then `loopscale collect` into
+    workdir/results.csv: the collected rows, or None if a run failed."""
     from loopscale.sweep import collect
     from loopscale.sweep.local import outcome_lines, run_local
-    from loopscale.sweep.plan import plan_file
     from loopscale.sweep.runner import Options
 
     results = os.path.join(workdir, "results.csv")
     _say(["sweep", f"--sweep={spec}", f"--workdir={workdir}", f"--concurrency={concurrency}"])
-    plan = plan_file(spec)
     for note in plan.notes:
         sys.stderr.write(f"loopscale sweep: note: {note}\n")
     outcome = run_local(plan, workdir, Options.standard(concurrency))
@@ -84,12 +82,11 @@ def _sweep_and_collect(spec: str, workdir: str, concurrency: int) -> list[dict] 
     return rows
 
 
-def _design_points(spec: str) -> list[tuple[float, float]]:
-    """(budget, params_active) of the sweep's points (every run but trunks), first family."""
-    from loopscale.sweep.plan import plan_file
+def _design_points(plan) -> list[tuple[float, float]]:
+    """(budget, params_active) of the plan's points (every run but trunks), first family."""
     from loopscale.sweep.plan_table import Role
 
-    runs = [r for r in plan_file(spec).runs if r.row["role"] != Role.TRUNK.value]
+    runs = [r for r in plan.runs if r.row["role"] != Role.TRUNK.value]
     first = runs[0].family
     return [(r.budget, r.row["params_active"]) for r in runs if r.family == first]
 
@@ -202,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from loopscale.scaling.publish import write_report
     from loopscale.scaling.table import Columns
     from loopscale.sweep import collect
+    from loopscale.sweep.plan import plan_file
 
     started = time.monotonic()
     sweep = args.sweep or checkout.demo_sweep()
@@ -209,19 +207,22 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir
     pilot_json = os.path.join(workdir, "pilot.json")
 
-    pilot_rows = _sweep_and_collect(f"{sweep}:pilot", os.path.join(workdir, "pilot"),
-                                    args.concurrency)
+    # The sweep is planned once: the pilot's prediction reads its design, and it runs as planned.
+    plan = plan_file(spec)
+    pilot_spec = f"{sweep}:pilot"
+    pilot_rows = _sweep_and_collect(pilot_spec, plan_file(pilot_spec),
+                                    os.path.join(workdir, "pilot"), args.concurrency)
     if pilot_rows is None:
         return 1
     limit = pilot_lib.NOISE_LIMIT if args.noise_limit is None else args.noise_limit
-    pilot = pilot_lib.pilot(pilot_rows, _design_points(spec), args.curvature, limit)
+    pilot = pilot_lib.pilot(pilot_rows, _design_points(plan), args.curvature, limit)
     record = pilot.to_json()
     write_json(pilot_json, record)
     print("\n".join(pilot_lib.lines(pilot)) + f"\nwrote {pilot_json}")
     if args.pilot or not pilot.resolved:
         return 0
 
-    rows = _sweep_and_collect(spec, workdir, args.concurrency)
+    rows = _sweep_and_collect(spec, plan, workdir, args.concurrency)
     if rows is None:
         return 1
     checks_json = os.path.join(workdir, "checks.json")
