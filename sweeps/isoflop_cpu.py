@@ -30,8 +30,8 @@ The design (issue #21), for this scale's noise:
   would train fewer is left out). Smaller batches are also faster per token here: a Base step
   at d 32 took 6.0 / 11.4 / 14.0 / 36.3 ms at batch 4 / 8 / 12 / 16 (one process, 2026-12-04);
 - budgets 5e10, 1.5e11 and 5e11 FLOPs (a 10x span; 1e11-1e12 would spend twice the FLOPs,
-  past the 15 minutes `make demo` has), 5 widths per budget centred at 30 tokens per parameter, as WSD
-  cooldown branches of one trunk per width. The centring is the one choice made after a run:
+  past the 15 minutes `make demo` has), 5 widths per budget centred at 30 tokens per parameter,
+  as WSD cooldown branches of one trunk per width. The centring is the one choice made after a run:
   at the study's 20 the 5e11 grid (d 24-48) had its minimum at its lower edge (Looped-MoE) or
   nearly (Base, centring 0.11), the minima lying at 30-50 tokens per parameter;
 - a fixed held-out set of whole chapters drawn across the whole text (`data.val_split=spread`,
