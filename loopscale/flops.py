@@ -143,6 +143,18 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, convention: FlopConvention) 
     return six_n + attention_flops_per_token(cfg, seq_len, causal)
 
 
+def maxtext_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token as MaxText counts them for its MFU (its
+    `calculate_tflops_training_per_device`): 6 x the matmul parameters a token passes through
+    (every layer use, MoE's top_k experts and router as `params_active`, the unembedding) but
+    not the input embedding, a table lookup that multiplies nothing; plus the attention
+    matmuls of a causal mask, half of the T x T products. The count of MFU as the field reports
+    it, lower than `6n_attn`'s (which counts the lookup and the masked half)."""
+    p = param_counts(cfg)
+    return (6.0 * (p["params_active"] - p["params_embedding_in"])
+            + attention_flops_per_token(cfg, seq_len, causal=True))
+
+
 def flops_by_convention(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
     return {c.value: flops_per_token(cfg, seq_len, c) for c in FlopConvention}
 

@@ -126,6 +126,10 @@ def test_compile_command_prints_the_report(capsys):
     assert mem["total"] == (mem["arguments"] + mem["outputs"] - mem["aliased"]
                             + mem["temporaries"] + mem["code"])
     assert out["est_step_time_s"] > 0 and 0 < out["est_mfu"] < 1
+    # MaxText's count (no embedding lookup, causal attention) over the same time and peak.
+    assert 0 < out["model_flops_per_step_maxtext"] < out["model_flops_per_step"]
+    assert out["est_mfu_maxtext"] == pytest.approx(
+        out["est_mfu"] * out["model_flops_per_step_maxtext"] / out["model_flops_per_step"])
     # The analytic model FLOPs are at least what XLA executes per chip, times the chips,
     # less the optimiser and elementwise work the model count leaves out (within 2x).
     assert out["xla_flops_per_chip"] * 8 == pytest.approx(out["model_flops_per_step"], rel=1.0)

@@ -53,8 +53,8 @@ def test_run_directory_is_complete(corpus, tmp_path):
     assert steps == list(range(1, 7))
     last = [r for r in logged if "loss" in r][-1]
     for key in ["loss", "lr", "grad_norm", "update_norm", "tokens", "flops", "step_time_s",
-                "tokens_per_s", "mfu", "residual_norm", "expert_load", "lb_loss", "router_z",
-                "dropped_frac", "route_identical", "route_disjoint", "grad_norm_block",
+                "tokens_per_s", "mfu", "mfu_maxtext", "residual_norm", "expert_load", "lb_loss",
+                "router_z", "dropped_frac", "route_identical", "route_disjoint", "grad_norm_block",
                 "grad_norm_cv"]:
         assert key in last, key
     assert len(last["residual_norm"]) == cfg.model.n_loops

@@ -37,10 +37,11 @@ from loopscale import flops as flops_lib
 from loopscale.aot import topology
 from loopscale.aot.steps import MEASURE_STEPS
 from loopscale.config import Config
-from loopscale.config.schema import FFNKind, FlopConvention
+from loopscale.config.schema import DType, FFNKind, FlopConvention
 from loopscale.errors import UsageError
 from loopscale.train import eval_loss
 from loopscale.parallel import mesh as mesh_lib
+from loopscale.parallel import peaks
 from loopscale.train import trainer
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -250,28 +251,33 @@ def tpu_target(name: str, slices: int = 1) -> Target:
     return Target(topo.name, topology.devices(topo), slices, gen.hbm_bytes, gen.peak_flops)
 
 
-def local_target(peak_flops: float = 0.0) -> Target:
-    """The local devices (GPUs where present): HBM from the runtime's own limit."""
+def local_target(peak_flops: float = 0.0, dtype: DType = DType.BFLOAT16) -> Target:
+    """The local devices (GPUs where present): HBM from the runtime's own limit, the peak
+    given, or else the chip's from the table (parallel/peaks.py; None for a CPU or a chip it
+    does not list) for matmuls in `dtype`."""
     devices = jax.devices()
     stats = devices[0].memory_stats() or {}
-    return Target(f"local:{devices[0].platform}", devices, 1, stats.get("bytes_limit"),
-                  peak_flops or None)
+    peak = peak_flops or peaks.peak_flops(devices[0].device_kind, dtype)
+    return Target(f"local:{devices[0].platform}", devices, 1, stats.get("bytes_limit"), peak)
 
 
-def model_flops(config: Config, step: str = "train") -> float:
+def model_flops(config: Config, step: str = "train", maxtext: bool = False) -> float:
     """Model FLOPs of one step: 6N per token for training (forward 2N + backward 4N), 2N for a
-    forward-only evaluation; attention matmuls counted in full, recomputation not at all."""
+    forward-only evaluation; recomputation not counted. By default N holds the input embedding
+    and the attention matmuls are counted in full (`6n_attn`); `maxtext` counts as MaxText does
+    for its MFU: no embedding lookup, causal attention (flops.maxtext_flops_per_token)."""
     t = config.train
-    per_token = flops_lib.flops_per_token(config.model, t.seq_len, FlopConvention.ATTENTION)
+    per_token = (flops_lib.maxtext_flops_per_token(config.model, t.seq_len) if maxtext else
+                 flops_lib.flops_per_token(config.model, t.seq_len, FlopConvention.ATTENTION))
     return per_token * t.batch_size * t.seq_len * (1.0 if step == "train" else 1 / 3)
 
 
-def est_mfu(config: Config, target: Target, seconds: float | None, step: str = "train"
-            ) -> float | None:
+def est_mfu(config: Config, target: Target, seconds: float | None, step: str = "train",
+            maxtext: bool = False) -> float | None:
     """Model FLOPs per chip per second over the chip's peak, at XLA's estimated step time."""
     if not seconds or not target.peak_flops:
         return None
-    return model_flops(config, step) / len(target.devices) / seconds / target.peak_flops
+    return model_flops(config, step, maxtext) / len(target.devices) / seconds / target.peak_flops
 
 
 def report(config: Config, target: Target, step: str = "train", cost: bool = True) -> dict:
@@ -296,9 +302,11 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
         "hbm_fraction": mem["total"] / hbm if hbm else None,
         "fits": mem["total"] <= hbm if hbm else None,
         "model_flops_per_step": model_flops(config, step),
+        "model_flops_per_step_maxtext": model_flops(config, step, maxtext=True),
         "xla_flops_per_chip": None,
         "est_step_time_s": None,
         "est_mfu": None,
+        "est_mfu_maxtext": None,
         "cost_warning": None,
         "collectives": None,
         "compile_time_s": compiled["compile_time_s"],
@@ -306,4 +314,5 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
     if cost and out["fits"] is not False:
         out.update(step_cost(config, target.devices, step))
         out["est_mfu"] = est_mfu(config, target, out["est_step_time_s"], step)
+        out["est_mfu_maxtext"] = est_mfu(config, target, out["est_step_time_s"], step, maxtext=True)
     return out

@@ -6,7 +6,9 @@ Keys: topology, chips, slices, device_kind, step, mesh (the config's mesh, -1 fi
 global_batch, seq_len, n_loops, dtype, hbm_bytes_per_chip, memory_per_chip (arguments,
 outputs, aliased, temporaries, code, total: bytes per chip of the compiled program),
 hbm_fraction, fits, model_flops_per_step (analytic, 6N + attention per token; a third of it
-for eval), xla_flops_per_chip, est_step_time_s (XLA's cost model), est_mfu, collectives (per
+for eval), model_flops_per_step_maxtext (MaxText's count: no embedding lookup, causal
+attention), xla_flops_per_chip, est_step_time_s (XLA's cost model), est_mfu and est_mfu_maxtext
+(the two model FLOP counts per chip per estimated second over the chip's peak), collectives (per
 kind: count and bytes per step), cost_warning (why a cost figure is missing) and compile_time_s. The cost figures come from shallow
 unrolled compiles extrapolated to the full depth (loopscale/aot/compile.py says why);
 `--no-cost` skips them. A step that does not fit exits 1 after the JSON, with one line saying
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.slices != 1:
         raise UsageError("--slices needs --topology")
     else:
-        target = aot.local_target(config.train.peak_flops)
+        target = aot.local_target(config.train.peak_flops, config.model.dtype)
     out = aot.report(config, target, args.step, cost=args.cost)
     print(json.dumps(out, indent=2))
     if out["fits"] is False:

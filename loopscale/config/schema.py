@@ -180,7 +180,7 @@ class TrainConfig:
     # grad_cosine on every row: the cosine between consecutive steps' raw gradients (one more
     # gradient-sized buffer in the optimiser state: optimizer.track_grad_cosine)
     log_grad_cosine: bool
-    peak_flops: float  # device peak for MFU (0: measure a matmul peak on this machine)
+    peak_flops: float  # chip peak for MFU (0: the chip's from parallel/peaks.py, or measured)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""The peak FLOP rate MFU is measured against: configured (train.peak_flops) for accelerators,
-or, on a CPU, measured once per process as the best rate of a large float32 matmul."""
+"""The peak FLOP rate MFU is measured against, per chip: configured (`train.peak_flops`), else
+the chip's from the table of accelerators (parallel/peaks.py, by JAX's device_kind and the
+model's dtype), else (a CPU, or a chip the table lacks) measured once per process as the best
+rate of a large float32 matmul."""
 
 from __future__ import annotations
 
@@ -8,6 +10,18 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from loopscale.config.schema import DType
+from loopscale.parallel import peaks
+
+
+def peak_flops(configured: float, dtype: DType, device=None) -> float:
+    """The peak a run's MFU divides by (see the module docstring); `device`: jax.devices()[0]."""
+    if configured:
+        return configured
+    device = jax.devices()[0] if device is None else device
+    listed = peaks.peak_flops(device.device_kind, dtype)
+    return listed if listed else device_peak_flops()
 
 
 @functools.cache

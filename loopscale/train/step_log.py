@@ -19,7 +19,7 @@ from loopscale import flops as flops_lib
 from loopscale.config import Config
 from loopscale.rundir.run import RunDirectory
 from loopscale.train import diagnostics
-from loopscale.train.peak import device_peak_flops
+from loopscale.train.peak import peak_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +46,13 @@ class Throughput:
         """`past_loops`: the loop count of every step before the run's start."""
         self.config, self.train = config, config.train
         self.tokens_per_step = self.train.batch_size * self.train.seq_len
-        # MFU counts model FLOPs (6N per use + full attention matmuls), not recomputation or waste.
+        # MFU counts model FLOPs, not recomputation or waste: `mfu` 6N per use with the
+        # embedding and full attention matmuls, `mfu_maxtext` as MaxText counts (no embedding
+        # lookup, causal attention: flops.maxtext_flops_per_token), both over one peak.
         self.model_flops_per_token = accounting["flops_per_token_by_convention"]["6n_attn"]
-        self.peak = self.train.peak_flops or device_peak_flops()
+        self.maxtext_flops_per_token = flops_lib.maxtext_flops_per_token(config.model,
+                                                                          self.train.seq_len)
+        self.peak = peak_flops(self.train.peak_flops, config.model.dtype)
         self._flops_per_token: dict[int, float] = {}
         # Training compute spent so far, recomputed from the steps (the loop count of each step
         # is a function of seed and step), so it does not depend on which rows were logged.
@@ -77,7 +81,8 @@ class Throughput:
         return dict(step=p.done, n_loops=p.n_loops, lr=self.train.lr * float(p.lr_factor),
                     tokens=p.done * tokens, flops=self.flops_done, step_time_s=dt,
                     tokens_per_s=tokens / dt,
-                    mfu=self.model_flops_per_token * tokens / dt / self.peak)
+                    mfu=self.model_flops_per_token * tokens / dt / self.peak,
+                    mfu_maxtext=self.maxtext_flops_per_token * tokens / dt / self.peak)
 
 
 class Health:
