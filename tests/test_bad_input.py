@@ -62,9 +62,21 @@ def _workdir_rows():
         (["train", "--config=experiments/base.py:tiny", "--workdir=/proc/loopscale-run"],
          "workdir /proc/loopscale-run: cannot write there"),
     ]
+    # The same workdirs for a sweep, on the local runner, in a launch script and in the demo.
+    pilot = "--sweep=sweeps/isoflop_cpu.py:pilot"
+    rows += [
+        (["sweep", pilot, "--workdir={bad}/a_file/sweep"], "cannot write there (Not a directory)"),
+        (["sweep", pilot, "--workdir=/proc/loopscale-sweep"],
+         "workdir /proc/loopscale-sweep: cannot write there"),
+        (["sweep", pilot, "--sweep.branches=False", "--launcher=slurm",
+          "--workdir={bad}/a_file/sweep"], "cannot write there (Not a directory)"),
+        (["demo", "--workdir={bad}/a_file/demo"], "cannot write there (Not a directory)"),
+    ]
     if os.geteuid() != 0:  # root writes into a read-only directory regardless
         rows.append((["train", "--config=experiments/base.py:tiny",
                       "--workdir={bad}/readonly/run"], "cannot write there (Permission denied)"))
+        rows.append((["sweep", pilot, "--workdir={bad}/readonly/sweep"],
+                     "cannot write there (Permission denied)"))
     return rows
 
 

@@ -117,8 +117,11 @@ def _run_local(args: argparse.Namespace, result) -> int:
 def _write_launcher(args: argparse.Namespace, result) -> int:
     import json
 
+    from etils import epath
+
     from loopscale.files import write_atomic
     from loopscale.rundir import sweep as rundirs
+    from loopscale.rundir.run import check_writable
     from loopscale.sweep.launchers import ClusterOptions, script
     from loopscale.sweep.plan_table import write_csv
 
@@ -144,6 +147,10 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
     script_dir = args.script_dir or (os.path.join("launch", result.sweep.name)
                                      if _is_remote(args.workdir)
                                      else os.path.join(args.workdir, "launch"))
+    # A directory that cannot be written (under a file, read-only) is one line before any file
+    # is; a gs:// workdir is written through its own client when the runs start.
+    for directory in (script_dir, *(() if _is_remote(args.workdir) else (args.workdir,))):
+        check_writable(epath.Path(directory))
     path = os.path.join(script_dir, name)
     write_atomic(path, text)
     os.chmod(path, 0o755)

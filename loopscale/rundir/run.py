@@ -132,7 +132,7 @@ def last_metrics_row(rundir: str | os.PathLike, max_bytes: int = 8192) -> dict |
 # ---------------------------------------------------------------- writing
 
 
-def _check_writable(path: epath.Path) -> None:
+def check_writable(path: epath.Path) -> None:
     """Creates the workdir and writes (then removes) a probe file there, so that a workdir that
     cannot hold a run (under a regular file, read-only, no permission) is a UsageError before
     any work is done, not a traceback after it."""
@@ -153,7 +153,7 @@ class RunDirectory:
         self.path = epath.Path(workdir)
         self.write = write  # False on processes other than 0
         if write:
-            _check_writable(self.path)
+            check_writable(self.path)
         self._metrics = None
         self._tb: Events | None = None
         self._purge_step: int | None = None

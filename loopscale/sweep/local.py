@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
+from etils import epath
+
 from loopscale.errors import UsageError
 from loopscale.rundir import sweep as rundirs
+from loopscale.rundir.run import check_writable
 from loopscale.rundir.status import RunStatus
 from loopscale.sweep.plan_table import Plan, read_csv, write_csv
 from loopscale.sweep.progress import Progress
@@ -28,6 +31,7 @@ def run_local(plan: Plan, workdir: str, options: Options) -> Outcome:
     """Trains `plan`'s runs under `workdir` (resumably: run it again to go on)."""
     check_workdir(workdir)
     workdir = os.path.abspath(workdir)
+    check_writable(epath.Path(workdir))  # under a file, read-only: one line, not a traceback
     with SweepLock(workdir):
         plan_path = os.path.join(workdir, "plan.csv")
         if os.path.exists(plan_path):
