@@ -1,12 +1,15 @@
 """What a fresh clone anywhere needs: no tracked file names a path of the machine the project is
 developed on (the tests, the README's commands and the bench read the reference tables from the
-checkout's data/reference/, relative to it), and the tables are there as PROVENANCE.md lists
-them."""
+checkout's data/reference/, relative to it), the tables are there as PROVENANCE.md lists
+them, and the plans and launch scripts committed with a study's results are what today's commands
+write."""
 
 import hashlib
 import re
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The development machine's checkout, its shared folder and tool library, its home directory.
@@ -52,3 +55,29 @@ def test_the_reference_tables_are_shipped_as_their_provenance_lists_them():
         name, digest = cells[1].strip(), cells[-2].strip()
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
     assert {p.name for p in folder.glob("*.csv")} == {cells[1].strip() for cells in rows}
+
+
+# Generated files committed beside a study's results, with the command that writes each: a
+# test writes them again with today's planner and launchers and compares, so they stay true.
+PERMUTATION = ROOT / "analysis" / "results" / "permutation"
+SWEEP = ["--sweep=sweeps/permutation.py:paper"]
+GENERATED = {
+    "paper_plan.csv": ["plan", *SWEEP, "--out={out}"],
+    "paper_slurm.sh": ["sweep", *SWEEP, "--workdir=gs://BUCKET/perm", "--launcher=slurm",
+                       "--dry-run"],
+    "paper_tpu_pod.sh": ["sweep", *SWEEP, "--workdir=gs://BUCKET/perm", "--launcher=tpu-pod",
+                         "--tpu-name=perm-v5p-8", "--zone=us-east5-a", "--dry-run"],
+}
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_committed_plans_and_launch_scripts_are_what_the_commands_write_today(
+        name, tmp_path, capsys, monkeypatch):
+    from loopscale.cli import main
+
+    monkeypatch.chdir(ROOT)  # the sweep file and experiments as the README's commands name them
+    out = tmp_path / name
+    assert main([a.format(out=out) for a in GENERATED[name]]) == 0
+    written = out.read_text() if out.exists() else capsys.readouterr().out
+    assert written == (PERMUTATION / name).read_text(), (
+        f"{name} is stale: write it again with `loopscale {' '.join(GENERATED[name])}`")
