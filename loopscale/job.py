@@ -42,16 +42,42 @@ class Distributed:
                    env_int("JAX_PROCESS_ID"), detect)
 
     def initialize(self) -> None:
+        """Starts jax.distributed as asked; with `detect`, UsageError in one line when JAX's
+        auto-detection finds no cluster (rather than its ValueError deep in initialize)."""
         import jax
 
-        if self.coordinator:
-            # Only the CPU backend reads this; set before any backend starts.
+        if self.detect and not self.coordinator and detected_cluster() is None:
+            raise UsageError(
+                "--distributed: no cluster found to join (JAX detects a Cloud TPU pod slice, "
+                "Slurm, Open MPI or Kubernetes from their environment variables); on one host "
+                "drop --distributed, or start each process with --coordinator=HOST:PORT "
+                "--num-processes=N --process-id=I")
+        if self.coordinator or self.detect:
+            # CPU processes reduce over gloo; only the CPU backend reads this, and it must be
+            # set before any backend starts.
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if self.coordinator:
             jax.distributed.initialize(coordinator_address=self.coordinator,
                                        num_processes=self.num_processes,
                                        process_id=self.process_id)
         elif self.detect:
             jax.distributed.initialize()
+
+
+def detected_cluster() -> tuple[str, str, int, int] | None:
+    """What `jax.distributed.initialize()` would join here: (JAX's detector for it, e.g.
+    SlurmCluster; the coordinator HOST:PORT; the number of processes; this process's id), or
+    None when no cluster is detected. JAX's own detectors in the order it tries them (it lists
+    them nowhere public, hence the private module)."""
+    from jax._src import clusters
+
+    for env in clusters.ClusterEnv._cluster_types:
+        if not env.opt_in_only_method and env.is_env_present():
+            coordinator, processes, process_id, _ = \
+                clusters.ClusterEnv.auto_detect_unset_distributed_params(
+                    None, None, None, None, env.name, 60)
+            return env.__name__, coordinator, processes, process_id
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

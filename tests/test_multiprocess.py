@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 import trainkit
@@ -56,3 +57,64 @@ def test_two_processes_match_one_process(corpus, tmp_path):
         assert abs(a[step] - b[step]) < 1e-5, (step, a[step], b[step])
     with open(tmp_path / "multi" / "summary.json") as f:
         assert json.load(f)["status"] == "completed"
+
+
+# ---- --distributed: the cluster found from its environment, as on Slurm or a TPU pod ----
+
+# Each task joins, then sums its process index over both processes' devices (a collective
+# across the two: 0 + 1).
+JOIN = ("from loopscale.job import Distributed; Distributed(detect=True).initialize(); "
+        "import jax, jax.numpy as jnp, numpy as np; "
+        "from jax.experimental import multihost_utils as mh; "
+        "total = mh.process_allgather(np.array([jax.process_index()])).sum(); "
+        "print(jax.process_index(), jax.process_count(), jax.device_count(), int(total))")
+
+
+def slurm_env(job_id: int, task: int) -> dict:
+    """What `srun -n 2` on one node sets for task `task` (the variables JAX reads)."""
+    return {**env(1), "SLURM_JOB_ID": str(job_id), "SLURM_NTASKS": "2",
+            "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task),
+            "SLURM_STEP_NODELIST": "localhost"}
+
+
+def free_slurm_job_id() -> int:
+    """A job id whose coordinator port (JAX: 61440 + id mod 4096) is free here."""
+    for job_id in range(1000, 5096):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 61440 + job_id % 4096))
+                return job_id
+            except OSError:
+                continue
+    raise AssertionError("no free port in JAX's Slurm range")
+
+
+def test_distributed_detects_slurm_and_two_tasks_join_on_loopback(monkeypatch):
+    from loopscale.job import detected_cluster
+
+    job_id = free_slurm_job_id()
+    for task in (0, 1):
+        for key, value in slurm_env(job_id, task).items():
+            monkeypatch.setenv(key, value)
+        port = 61440 + job_id % 4096
+        assert detected_cluster() == ("SlurmCluster", f"localhost:{port}", 2, task)
+    procs = [subprocess.Popen([sys.executable, "-c", JOIN], env=slurm_env(job_id, task),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for task in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    # (gloo announces itself on stdout first)
+    assert sorted(out.splitlines()[-1].split() for out, _ in outs) == [
+        ["0", "2", "2", "1"], ["1", "2", "2", "1"]]
+
+
+def test_distributed_with_no_cluster_is_one_line(monkeypatch):
+    from loopscale.errors import UsageError
+    from loopscale.job import Distributed, detected_cluster
+
+    for key in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    assert detected_cluster() is None
+    with pytest.raises(UsageError, match="no cluster found to join"):
+        Distributed(detect=True).initialize()
