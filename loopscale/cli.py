@@ -25,14 +25,15 @@ from loopscale.commands import (
     flops,
     plan,
     report,
+    status,
     sweep,
     train,
 )
 from loopscale.errors import UsageError
 
 # Subcommands in the order `loopscale --help` lists them.
-COMMANDS = (flops, fit, report, coordcheck, train, eval, compile, plan, sweep, collect, demo,
-            bench)
+COMMANDS = (flops, fit, report, coordcheck, train, eval, compile, plan, sweep, status, collect,
+            demo, bench)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -124,6 +124,9 @@ CATALOGUE = [
      "--holdout takes 'largest' or a budget in FLOPs, got 'soon'"),
     # Workdirs that cannot hold a run: refused before any work.
     *_workdir_rows(),
+    # A sweep's status where there is no sweep.
+    (["status", "--workdir={tmp}/none"], "holds no sweep (no plan.csv)"),
+    (["status", "--workdir=gs://bucket/sweep"], "reads a local sweep directory, not gs://"),
     # Asked to join a cluster where there is none to detect.
     (["train", "--config=experiments/base.py:tiny", "--workdir={tmp}/run", "--distributed"],
      "--distributed: no cluster found to join"),

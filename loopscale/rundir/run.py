@@ -112,8 +112,10 @@ def branch_source(rundir: str | os.PathLike, branch_from: str) -> epath.Path:
     return source if source.is_absolute() else epath.Path(rundir).parent / branch_from
 
 
-def last_metrics_row(rundir: str | os.PathLike, max_bytes: int = 8192) -> dict | None:
-    """The last complete row of a (possibly growing) metrics.jsonl, read from its tail."""
+def last_metrics_row(rundir: str | os.PathLike, max_bytes: int = 8192,
+                     having: str | None = None) -> dict | None:
+    """The last complete row of a (possibly growing) metrics.jsonl, read from its tail; with
+    `having`, the last one that has that key (e.g. "loss": a training row, not an eval row)."""
     try:
         with open(os.path.join(rundir, METRICS), "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -123,9 +125,11 @@ def last_metrics_row(rundir: str | os.PathLike, max_bytes: int = 8192) -> dict |
         return None
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            row = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
+        if having is None or having in row:
+            return row
     return None
 
 
