@@ -46,7 +46,7 @@ class Distributed:
         auto-detection finds no cluster (rather than its ValueError deep in initialize)."""
         import jax
 
-        if self.detect and not self.coordinator and detected_cluster() is None:
+        if self.detect and not self.coordinator and _cluster_env() is None:
             raise UsageError(
                 "--distributed: no cluster found to join (JAX detects a Cloud TPU pod slice, "
                 "Slurm, Open MPI or Kubernetes from their environment variables); on one host "
@@ -64,20 +64,28 @@ class Distributed:
             jax.distributed.initialize()
 
 
+def _cluster_env():
+    """JAX's detector of the cluster `jax.distributed.initialize()` would join here, or None:
+    JAX's own detectors in the order it tries them (it lists them nowhere public, hence the
+    private module). Presence only: reading the coordinator may query a metadata server."""
+    from jax._src import clusters
+
+    return next((env for env in clusters.ClusterEnv._cluster_types
+                 if not env.opt_in_only_method and env.is_env_present()), None)
+
+
 def detected_cluster() -> tuple[str, str, int, int] | None:
     """What `jax.distributed.initialize()` would join here: (JAX's detector for it, e.g.
     SlurmCluster; the coordinator HOST:PORT; the number of processes; this process's id), or
-    None when no cluster is detected. JAX's own detectors in the order it tries them (it lists
-    them nowhere public, hence the private module)."""
+    None when no cluster is detected."""
     from jax._src import clusters
 
-    for env in clusters.ClusterEnv._cluster_types:
-        if not env.opt_in_only_method and env.is_env_present():
-            coordinator, processes, process_id, _ = \
-                clusters.ClusterEnv.auto_detect_unset_distributed_params(
-                    None, None, None, None, env.name, 60)
-            return env.__name__, coordinator, processes, process_id
-    return None
+    env = _cluster_env()
+    if env is None:
+        return None
+    detect = clusters.ClusterEnv.auto_detect_unset_distributed_params
+    coordinator, processes, process_id, _ = detect(None, None, None, None, env.name, 60)
+    return env.__name__, coordinator, processes, process_id
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from loopscale import flops
+from loopscale.aot import compile as aot
 from loopscale.aot import topology
 from loopscale.config import load_config, parse
 from loopscale.config.schema import DType, FlopConvention
@@ -40,11 +41,11 @@ def test_a_chip_not_listed_has_no_peak(kind):
 
 @pytest.mark.parametrize("name", ["v5e:2x2", "v5p:2x2x1", "v6e:2x2"])
 def test_the_compile_targets_peak_is_the_tables(name):
-    """`loopscale compile --topology` divides by its generation's peak; the chips libtpu makes
-    for that topology name themselves, and the table gives the same peak for that name."""
-    topo = topology.parse(name)
-    kind = topology.devices(topo)[0].device_kind
-    assert peaks.peak_flops(kind, DType.BFLOAT16) == topo.generation.peak_flops
+    """`loopscale compile --topology` divides by the peak the table gives for the chips libtpu
+    makes for that topology, which name themselves."""
+    target = aot.tpu_target(name)
+    kind = topology.devices(topology.parse(name))[0].device_kind
+    assert target.peak_flops == peaks.peak_flops(kind, DType.BFLOAT16) == KINDS[kind][0]
 
 
 @dataclasses.dataclass

@@ -247,8 +247,10 @@ class Target:
 
 def tpu_target(name: str, slices: int = 1) -> Target:
     topo = topology.parse(name, slices)
-    gen = topo.generation
-    return Target(topo.name, topology.devices(topo), slices, gen.hbm_bytes, gen.peak_flops)
+    devices = topology.devices(topo)
+    # The chips' bfloat16 peak (a float32 matmul at default precision is one bf16 MXU pass).
+    peak = peaks.peak_flops(devices[0].device_kind, DType.BFLOAT16)
+    return Target(topo.name, devices, slices, topo.generation.hbm_bytes, peak)
 
 
 def local_target(peak_flops: float = 0.0, dtype: DType = DType.BFLOAT16) -> Target:

@@ -23,8 +23,7 @@ class Generation:
     name: str  # libtpu's prefix: v5e, v5p, v6e
     dims: int  # torus dimensions
     cores_per_chip: int  # in the cloud's accelerator names
-    hbm_bytes: float  # per chip, what a program may use
-    peak_flops: float  # per chip, dense bfloat16
+    hbm_bytes: float  # per chip, what a program may use (its peak: parallel/peaks.py)
     aliases: tuple[str, ...] = ()
 
 
@@ -32,9 +31,9 @@ class Generation:
 # names it: 95.74G, 15.75G, 31.25G, in GiB), a little under the chips' 95/16/32 GiB.
 GENERATIONS = {
     g.name: g for g in (
-        Generation("v5e", 2, 1, 15.75 * 2**30, 197e12, aliases=("v5litepod",)),
-        Generation("v5p", 3, 2, 95.74 * 2**30, 459e12),
-        Generation("v6e", 2, 1, 31.25 * 2**30, 918e12),
+        Generation("v5e", 2, 1, 15.75 * 2**30, aliases=("v5litepod",)),
+        Generation("v5p", 3, 2, 95.74 * 2**30),
+        Generation("v6e", 2, 1, 31.25 * 2**30),
     )
 }
 _ALIASES = {a: g for g in GENERATIONS.values() for a in (g.name, *g.aliases)}

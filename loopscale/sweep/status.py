@@ -100,10 +100,9 @@ def summary(runs: list[RunState]) -> dict:
     """Counts per (family, budget) and in all, FLOPs spent against the plan, the ETA and the
     runs that need attention: what the command prints (and writes with --json)."""
     groups: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATES, 0))
-    for r in runs:
-        groups[(r.family, r.budget)][r.state] += 1
     total = dict.fromkeys(STATES, 0)
     for r in runs:
+        groups[(r.family, r.budget)][r.state] += 1
         total[r.state] += 1
     timed = [r.step_time_s for r in runs if r.step_time_s]
     typical = statistics.median(timed) if timed else None
