@@ -28,12 +28,13 @@ install-gpu: $(STAMP)
 	$(BIN)/pip install -q -e '.[gpu]'
 
 # -n 2: the machine has two cores; XLA compiles dominate, so two workers halve the wall time.
+# --no-loadscope-reorder: files in the order tests/conftest.py gives them (longest first).
 # --durations: the slowest tests in every log, to keep the suite within its 15 minutes; the
 # last line is the whole target's time, install included (its budget: 15 minutes).
 test:
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory install && \
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q --durations=20 tests; \
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=20 tests; \
 	status=$$?; elapsed=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((elapsed / 60)) min $$((elapsed % 60)) s in all, install included (exit $$status)"; \
 	exit $$status

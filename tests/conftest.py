@@ -24,14 +24,19 @@ import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 
-# The longest files first. `make test` runs files on two workers (pytest-xdist, --dist
-# loadfile), handing out files in collection order; alphabetically the longest one
-# (test_weak_scaling.py, minutes of TPU compiles) came last, and one worker then ran it alone
-# while the other idled. Starting with the longest balances the two.
-LONGEST_FIRST = ("test_weak_scaling.py", "test_compile.py", "test_coordcheck.py",
-                 "test_train.py", "test_bench.py", "test_eval.py", "test_analysis.py",
-                 "test_train_units.py", "test_eval_patching.py", "test_branches.py",
-                 "test_sweep_train.py", "test_faults.py")
+# The longest files first, in the order of their measured time (`--durations=0`, summed per
+# file, 2026-12-05): `make test` runs files on two workers (pytest-xdist, --dist loadfile),
+# handing out files in collection order, so this is longest-processing-time-first scheduling and
+# the last files to start are the short ones. The Makefile passes --no-loadscope-reorder: by
+# default xdist re-sorts files by their number of tests, which put the 2-test, 3-minute
+# test_weak_scaling.py last, run by one worker while the other idled.
+LONGEST_FIRST = ("test_coordcheck.py", "test_train.py", "test_weak_scaling.py",
+                 "test_train_units.py", "test_bench.py", "test_flops.py", "test_eval.py",
+                 "test_compile.py", "test_model.py", "test_branches.py", "test_analysis.py",
+                 "test_multiprocess.py", "test_eval_patching.py", "test_eval_lens.py",
+                 "test_sweep_plan.py", "test_scaling_holdout.py", "test_moe.py", "test_mup.py",
+                 "test_init.py", "test_sweep_runner.py", "test_loss.py", "test_sweep_train.py",
+                 "test_sweep_collect.py", "test_scaling_parametric.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
