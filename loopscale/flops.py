@@ -5,7 +5,8 @@ Parameters (`param_counts`), all exact (tests compare them with the real paramet
   (untied); `params_embedding_in` and `params_unembedding` give them apart.
 - `params_unique`: every other stored parameter (attention, FFN or all experts, routers, norm
   gains), each physical layer once: what a checkpoint holds besides the vocabulary matrices.
-- `params_effective`: the same counted per use, a layer once per loop pass (K x the layers).
+- `params_effective`: the same counted per use, a core layer once per loop pass (K x the core's
+  layers), a prelude or coda layer once.
 - `params_active`: per use as well, but an MoE layer counts only top_k of its experts (and its
   router unless `model.count_router` is false), and the embedding and unembedding are
   included: the sparse-layers study's N_active (Looped-MoE d704 8x2: 167.4M active without the
@@ -17,10 +18,11 @@ Parameters (`param_counts`), all exact (tests compare them with the real paramet
 - The recurrence law's split (scaling/recurrence.py; Schwethelm et al. 2026): `params_rec`,
   the looped block's stored parameters (the n_unique layers every loop pass reuses, their
   routers and norm gains included: a Base model is one pass of its layers), and `params_once`,
-  everything else (embedding, unembedding, final norm: no layer runs outside the loop, see
-  model/transformer.py), so `params_once + params_rec == params_total`. `params_rec_active` is
-  the looped block per token as `params_active` counts it (top_k experts, the routers when
-  `model.count_router`; `params_rec` for a dense model), so `params_once + n_loops *
+  everything else: embedding, unembedding, final norm, and the prelude's and coda's layers
+  (`model.n_prelude`, `model.n_coda`; stored, every expert of an MoE prelude counted), so
+  `params_once + params_rec == params_total`. `params_rec_active` is the looped block per token
+  as `params_active` counts it (top_k experts, the routers when `model.count_router`;
+  `params_rec` for a dense model), so for a dense model `params_once + n_loops *
   params_rec_active == params_active`.
 
 FLOPs of training per token (`flops_per_token`), one of the `FlopConvention`s (the top-level
@@ -55,6 +57,8 @@ the experts on all E*C slots. Against XLA it is within 0.3% on the test matrix
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from loopscale.config.schema import (
     FFNKind,
@@ -101,24 +105,25 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Every parameter count of the module docstring, exact."""
     p = layer_params(cfg)
     V, D, L, K = cfg.vocab_size, cfg.d_model, cfg.n_unique, cfg.n_loops
+    once = cfg.n_prelude + cfg.n_coda  # layers run once per token, outside the loop
     final_norm = D if cfg.norm_gain else 0
     shared = p["attention"] + p["norms"]
     stored_layer = shared + p["router"] + p["ffn_stored"]
     active_layer = shared + (p["router"] if cfg.count_router else 0) + p["ffn_active"]
     embedding = 2 * V * D
-    unique = L * stored_layer + final_norm
-    active_nonemb = K * L * active_layer + final_norm
+    unique = (once + L) * stored_layer + final_norm
+    active_nonemb = (once + K * L) * active_layer + final_norm
     return {
         "params_embedding": embedding,
         "params_embedding_in": V * D,
         "params_unembedding": D * V,
         "params_unique": unique,
-        "params_effective": K * L * stored_layer + final_norm,
+        "params_effective": (once + K * L) * stored_layer + final_norm,
         "params_active": active_nonemb + embedding,
         "params_active_nonembedding": active_nonemb,
-        "params_active_stored": L * active_layer + final_norm + embedding,
+        "params_active_stored": (once + L) * active_layer + final_norm + embedding,
         "params_total": embedding + unique,
-        "params_once": embedding + final_norm,
+        "params_once": embedding + final_norm + once * stored_layer,
         "params_rec": L * stored_layer,
         "params_rec_active": L * active_layer,
     }
@@ -153,6 +158,24 @@ def maxtext_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     p = param_counts(cfg)
     return (6.0 * (p["params_active"] - p["params_embedding_in"])
             + attention_flops_per_token(cfg, seq_len, causal=True))
+
+
+def layer_use_flops(cfg: ModelConfig, seq_len: int, convention: FlopConvention) -> float:
+    """Training FLOPs per token of one layer use under `convention`: what one more loop of a
+    one-layer core adds (the same in the prelude, the core and the coda)."""
+    one = dataclasses.replace(cfg, n_unique=1, n_loops=1, n_prelude=0, n_coda=0)
+    two = dataclasses.replace(one, n_loops=2)
+    return flops_per_token(two, seq_len, convention) - flops_per_token(one, seq_len, convention)
+
+
+def flops_by_part(cfg: ModelConfig, seq_len: int, convention: FlopConvention) -> dict[str, float]:
+    """Training FLOPs per token under `convention` by part, as the recurrence law counts them:
+    the prelude once, the core n_loops times, the coda once, and `other` (the vocabulary
+    matrices and final norm, as the convention counts them)."""
+    layer = layer_use_flops(cfg, seq_len, convention)
+    parts = {"prelude": cfg.n_prelude * layer, "core": cfg.n_loops * cfg.n_unique * layer,
+             "coda": cfg.n_coda * layer}
+    return {**parts, "other": flops_per_token(cfg, seq_len, convention) - sum(parts.values())}
 
 
 def flops_by_convention(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
@@ -263,7 +286,8 @@ def _reused_per_loop(cfg: ModelConfig) -> float:
 
 def _readouts(cfg: ModelConfig) -> tuple[int, int]:
     """(readouts computed, readouts in the loss): with loss at several loops the model reads
-    out every loop boundary (the unused ones' backward runs on zero cotangents)."""
+    out every loop boundary (the unused ones' backward runs on zero cotangents), and runs the
+    coda at each of them."""
     if cfg.loss_loops is LossLoops.LAST:
         return 1, 1
     return cfg.n_loops, len(loss_loop_indices(cfg.loss_loops, cfg.n_loops))
@@ -282,15 +306,21 @@ def computed_flops_per_token(cfg: ModelConfig, seq_len: int,
     D, V, K, L = cfg.d_model, cfg.vocab_size, cfg.n_loops, cfg.n_unique
     norm = EW_NORM + (EW_GAIN if cfg.norm_gain else 0)
     train, forward, last = _layer_costs(cfg, seq_len, ragged_dot_dense)
+    computed, in_loss = _readouts(cfg)
+    # The core's K x L layer uses; the prelude's once; the coda's at every readout computed.
+    # Outside the core a layer is plain (two norms, as on loop 1), and loop remat
+    # rematerialises the prelude and each coda pass as one block.
+    passes = [(cfg.n_prelude, 1), (cfg.n_coda, computed)]  # (layers, passes) outside the core
     total = K * L * train - (K - 1) * _reused_per_loop(cfg)
     for t in range(K):
         total += _loop_start_norms(cfg, t) * EW_NORM * D
         total += sum(_norms_per_layer_use(cfg, t, layer) for layer in range(L)) * norm * D
+    total += sum(n * runs * (train + 2 * norm * D) for n, runs in passes)
     if cfg.remat is Remat.LAYER:
-        total += K * L * (forward - last)
+        total += (K * L + sum(n * runs for n, runs in passes)) * (forward - last)
     elif cfg.remat is Remat.LOOP:
         total += K * (L * forward - last)
-    computed, in_loss = _readouts(cfg)
+        total += sum(runs * (n * forward - last) for n, runs in passes if n)
     head = computed * (3 * 2 * D * V + norm * D)
     head += in_loss * V * (EW_CROSS_ENTROPY + (EW_SOFTCAP if cfg.logit_softcap else 0))
     return total + head + 2 * D  # + the embedding gather and its scatter-add
@@ -305,6 +335,7 @@ def report(cfg: ModelConfig, seq_len: int, convention: FlopConvention,
     out["flops_per_token_train"] = flops_per_token(cfg, seq_len, convention)
     out["flops_per_token_6n"] = flops_per_token(cfg, seq_len, FlopConvention.KAPLAN)
     out["flops_per_token_by_convention"] = flops_by_convention(cfg, seq_len)
+    out["flops_per_token_by_part"] = flops_by_part(cfg, seq_len, convention)
     out["attention_flops_per_token"] = attention_flops_per_token(cfg, seq_len)
     out["flops_per_token_computed"] = computed_flops_per_token(cfg, seq_len, ragged_dot_dense)
     out["moe_ragged_dot_dense"] = bool(ragged_dot_dense and cfg.ffn is FFNKind.MOE

@@ -1,6 +1,7 @@
 """A direct, unoptimised transcription of PAPERS.md's equations, written independently of
 loopscale.model, to test the model against. It reads the unrolled parameter layout
-(loop/stack/layer_<l>/...) and supports gain-free norms, dense FFNs, every injection mode."""
+(loop/stack/layer_<l>/..., prelude/layer_<l>, coda/layer_<l>) and supports gain-free norms,
+dense FFNs, every injection mode, a prelude and a coda."""
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,8 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
     edit = after_layer or (lambda t, l, x: x)
     layers = [params["loop"]["stack"][f"layer_{l}"] for l in range(cfg.n_unique)]
     e = params["embedding"][tokens]
+    for l in range(cfg.n_prelude):  # the prelude once; its output is the injected signal e
+        e = plain_layer(params["prelude"][f"layer_{l}"], e, cfg)
     x0 = rms(e) if cfg.embed_norm else e
     x = x0
     for l, layer in enumerate(layers):  # loop 1: the plain stack on x_0^(1)
@@ -90,6 +93,8 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
             else:
                 x = plain_layer(layer, x, cfg)
             x = edit(t, l, x)
+    for l in range(cfg.n_coda):  # the coda once, after the last loop
+        x = plain_layer(params["coda"][f"layer_{l}"], x, cfg)
     logits = rms(x) @ params["unembed"] * cfg.output_mult
     if cfg.param.value == "mup":
         logits = logits / cfg.width_mult

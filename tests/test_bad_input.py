@@ -104,6 +104,8 @@ CATALOGUE = [
     (["flops", "--config={bad}/missing.py"], "no such file"),
     (["flops", "--config=experiments/base.py:tiny", "--config.model.nope=1"],
      "unknown config field in config.model.nope"),
+    (["flops", "--config=experiments/looped.py:tiny", "--config.model.n_coda=-1"],
+     "model.n_coda=-1 must be 0 or more"),
     # Measurements that do not exist, wherever they are named.
     (["plan", "--sweep=sweeps/permutation.py", "--sweep.measure=ppl,nope",
       "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops, "),

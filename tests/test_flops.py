@@ -19,6 +19,7 @@ from loopscale.train.step import loss_fn
 
 FAMILIES = ["base", "looped", "moe", "looped_moe"]
 INJECTIONS = ["none", "input", "attn_first", "fla", "flt", "repeat"]
+PRELUDE_CODA = ["--config.model.n_prelude=1", "--config.model.n_coda=2"]
 MID = ["--config.model.d_model=256", "--config.model.n_heads=4", "--config.model.head_dim=64",
        "--config.train.seq_len=256", "--config.train.batch_size=2"]
 
@@ -45,6 +46,33 @@ def test_param_counts_match_the_parameter_tree(spec):
     # Looping multiplies uses, not storage; a norm gain is stored once per physical layer.
     gain = dataclasses.replace(cfg, norm_gain=True)
     assert flops.param_counts(gain)["params_total"] == tree_size(gain)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prelude_and_coda_are_stored_once_and_run_once(family):
+    """Huginn's shape: n_prelude + n_coda layers of the core's kind, each with its own
+    parameters (the tree says how many), counted once per token and in params_once (the
+    recurrence law's N_once); the core's counts are the model's without them."""
+    core = config(f"experiments/{family}.py:tiny").model
+    cfg = dataclasses.replace(core, n_prelude=2, n_coda=1)
+    p, q = flops.param_counts(cfg), flops.param_counts(core)
+    assert p["params_total"] == tree_size(cfg)
+    layer = (p["params_total"] - q["params_total"]) // 3
+    assert p["params_total"] == q["params_total"] + 3 * layer
+    assert p["params_rec"] == q["params_rec"] and p["params_once"] == q["params_once"] + 3 * layer
+    assert p["params_effective"] == q["params_effective"] + 3 * layer
+    active_layer = (p["params_active"] - q["params_active"]) // 3
+    assert active_layer == q["params_rec_active"] // core.n_unique  # a layer used once
+    assert cfg.effective_depth == core.effective_depth + 3
+    if family in ("base", "looped"):  # dense: N_once + r N_rec is the active count
+        assert p["params_once"] + cfg.n_loops * p["params_rec_active"] == p["params_active"]
+    # FLOPs by part: the prelude once, the core n_loops times, the coda once, the rest as before.
+    conv = FlopConvention.ATTENTION
+    by, by_core = flops.flops_by_part(cfg, 64, conv), flops.flops_by_part(core, 64, conv)
+    assert sum(by.values()) == pytest.approx(flops.flops_per_token(cfg, 64, conv))
+    assert by["prelude"] == pytest.approx(2 * by["coda"])
+    assert by["core"] == pytest.approx(cfg.n_loops * cfg.n_unique * by["coda"]) == by_core["core"]
+    assert by["other"] == pytest.approx(by_core["other"]) and by_core["prelude"] == 0
 
 
 def test_the_studies_published_sizes():
@@ -152,6 +180,12 @@ CASES = CASES + [(*c, *MID) for c in CASES] + [
     ("experiments/looped_moe.py:tiny", "--config.model.moe_dispatch=capacity", *MID),
     ("experiments/flt.py:tiny", "--config.model.loss_loops=all", "--config.model.remat=layer"),
     ("experiments/base.py:tiny", "--config.model.norm_gain=true", "--config.model.mlp=gelu"),
+    # A prelude and a coda: once per token; the coda at every exit when the loss is at all
+    # loops; loop remat rematerialising each of them as one pass.
+    ("experiments/looped.py:tiny", *PRELUDE_CODA, *MID),
+    ("experiments/looped_moe.py:tiny", *PRELUDE_CODA, "--config.model.moe_dispatch=capacity",
+     "--config.model.loss_loops=all"),
+    ("experiments/flt.py:tiny", *PRELUDE_CODA, "--config.model.remat=loop"),
 ]
 
 

@@ -2,7 +2,10 @@
 command reproduces, every shipped sweep file plans, and bad sweeps fail in one line."""
 
 import csv
+import dataclasses
 import glob
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +15,7 @@ import pytest
 
 from loopscale.config import load_config, parse
 from loopscale.errors import UsageError
+from loopscale.files import to_json
 from loopscale.sweep import base_sweep, load_sweep, parse_sweep
 from loopscale.sweep.plan import config_hash, plan
 from loopscale.sweep.plan_table import PLAN_COLUMNS
@@ -413,3 +417,16 @@ def test_demo_finds_its_sweep_from_any_directory(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pass --sweep=" in err[0], err
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_field_added_later_keeps_the_run_ids_planned_before_it():
+    """model.n_prelude and model.n_coda at 0 (the model as it was before them) are left out of
+    the hash, so a sweep planned before they existed keeps its ids; set, they change it."""
+    config = parse(load_config("experiments/looped.py:tiny", []))
+    tree = to_json(config)
+    del tree["model"]["n_prelude"], tree["model"]["n_coda"]
+    before = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode())
+    assert config_hash(config) == before.hexdigest()[:12]
+    for field in ("n_prelude", "n_coda"):
+        changed = dataclasses.replace(config, model=dataclasses.replace(config.model, **{field: 1}))
+        assert config_hash(changed) != config_hash(config)

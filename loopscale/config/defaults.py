@@ -22,6 +22,8 @@ def base_config() -> ConfigDict:
             head_dim=0,
             n_unique=2,
             n_loops=1,
+            n_prelude=0,
+            n_coda=0,
             injection="none",
             embed_norm=False,
             ffn="dense",

@@ -64,8 +64,12 @@ class ModelConfig:
     d_model: int
     n_heads: int
     head_dim: int  # 0: d_model // n_heads
-    n_unique: int  # unique layers in the looped block
+    n_unique: int  # unique layers in the looped block (the recurrent core)
     n_loops: int
+    # Unlooped layers before and after the core (Huginn's 2-4-2: prelude 2, core 4, coda 2),
+    # each with its own parameters; 0 and 0: the core alone, every model before them.
+    n_prelude: int
+    n_coda: int
     injection: Injection
     embed_norm: bool  # loop 1 starts from norm(e) (FLT code) instead of e
     ffn: FFNKind
@@ -124,7 +128,8 @@ class ModelConfig:
 
     @property
     def effective_depth(self) -> int:
-        return self.n_unique * self.n_loops
+        """Layer uses per token: the prelude once, the core once per loop, the coda once."""
+        return self.n_prelude + self.n_unique * self.n_loops + self.n_coda
 
 
 @dataclasses.dataclass(frozen=True)

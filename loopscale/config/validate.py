@@ -83,6 +83,9 @@ def _check_model(m: ModelConfig) -> None:
     for name in positive:
         if getattr(m, name) < 1:
             raise UsageError(f"model.{name}={getattr(m, name)} must be at least 1")
+    for name in ("n_prelude", "n_coda"):
+        if getattr(m, name) < 0:
+            raise UsageError(f"model.{name}={getattr(m, name)} must be 0 or more")
     if m.head_dim == 0 and m.d_model % m.n_heads:
         raise UsageError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     if m.d_head % 2:

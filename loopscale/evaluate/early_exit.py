@@ -68,7 +68,7 @@ import numpy as np
 from loopscale.config.schema import FFNKind, FlopConvention, ModelConfig, TrainConfig
 from loopscale.train.eval_loss import map_position_chunks
 from loopscale.errors import UsageError
-from loopscale.flops import flops_per_token
+from loopscale.flops import flops_per_token, layer_use_flops as layer_use_training_flops
 from loopscale.model import LoopedLM
 from loopscale.train.step import micro_batches, readout_fn
 
@@ -108,17 +108,24 @@ def tau_grid(vocab_size: int, sample: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Candidates:
-    """Where a model may exit: `uses[c]` layer uses done at candidate c (the last: all)."""
+    """Where a model may exit: `uses[c]` layer uses done at candidate c (the last: all).
+
+    With a prelude and a coda (model.n_prelude, model.n_coda) the prelude is always run; an
+    exit at a loop boundary runs the coda too (the model stopped after that loop,
+    transformer.py), and without loops a core layer's exit reads its stream as the layers'
+    exits do, skipping what follows, coda included, with the model's own output the last
+    candidate."""
 
     uses: tuple[int, ...]
     at_loops: bool  # loop boundaries (looped) or layers (not looped)
 
     @classmethod
     def of(cls, cfg: ModelConfig, n_loops: int) -> Candidates:
-        L = cfg.n_unique
+        L, P, C = cfg.n_unique, cfg.n_prelude, cfg.n_coda
         if n_loops > 1:
-            return cls(tuple(L * (k + 1) for k in range(n_loops)), True)
-        return cls(tuple(range(1, L + 1)), False)
+            return cls(tuple(P + L * (k + 1) + C for k in range(n_loops)), True)
+        return cls(tuple(P + layer for layer in range(1, L + 1)) + ((P + L + C,) if C else ()),
+                   False)
 
 
 # What the forward pass of each flop_convention counts (flops.py's module docstring), for the
@@ -165,9 +172,8 @@ def layer_use_flops(cfg: ModelConfig, seq_len: int, convention: FlopConvention
                     ) -> tuple[float, float]:
     """(forward FLOPs of one layer use, of the whole forward pass) per token under
     `convention`: a layer use is what one more loop of a one-layer block adds."""
-    one = flops_per_token(dataclasses.replace(cfg, n_unique=1, n_loops=1), seq_len, convention)
-    two = flops_per_token(dataclasses.replace(cfg, n_unique=1, n_loops=2), seq_len, convention)
-    return (two - one) / 3.0, flops_per_token(cfg, seq_len, convention) / 3.0
+    return (layer_use_training_flops(cfg, seq_len, convention) / 3.0,
+            flops_per_token(cfg, seq_len, convention) / 3.0)
 
 
 def _per_candidate(params, micro, model: LoopedLM, cands: Candidates, n_loops: int,
@@ -176,8 +182,11 @@ def _per_candidate(params, micro, model: LoopedLM, cands: Candidates, n_loops: i
     if not cands.at_loops:
         model = model.clone(collect_layers=True)
     readout = readout_fn(model, params)
-    out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
-    hidden_CxBxTxD = out.loop_hidden if cands.at_loops else out.layer_hidden[0]
+    out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False,
+                      all_exits=True)
+    hidden_CxBxTxD = out.exit_hidden if cands.at_loops else out.layer_hidden[0]
+    if not cands.at_loops and model.cfg.n_coda:  # the model's own output, after the coda
+        hidden_CxBxTxD = jnp.concatenate([hidden_CxBxTxD, out.exit_hidden[-1:]])
 
     def per_chunk(h_CxBxcxD, targets_Bxc):
         entropy, loss = [], []

@@ -84,7 +84,7 @@ def score_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: i
 
     def rows(micro):
         out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
-        ce_BxT, _ = token_losses(readout, out.loop_hidden[-1], micro["targets"], train.ce_chunk)
+        ce_BxT, _ = token_losses(readout, out.exit_hidden[-1], micro["targets"], train.ce_chunk)
         mask_BxT = micro["mask"].astype(jnp.float32)
         return {"logprob": -jnp.sum(ce_BxT * mask_BxT, axis=1),
                 "tokens": jnp.sum(mask_BxT, axis=1)}

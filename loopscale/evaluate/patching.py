@@ -69,7 +69,7 @@ def patching_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops
     def run(tokens_BxT, edit=None, collect=False):
         m = model.clone(collect_layers=True) if collect else model
         out = m.apply({"params": params}, tokens_BxT, n_loops=n_loops, readout=False, edit=edit)
-        return out, readout(out.loop_hidden[-1, rows_B, pos_B])  # logits (B, V) at the answer
+        return out, readout(out.exit_hidden[-1, rows_B, pos_B])  # logits (B, V) at the answer
 
     def logit_diff(logits_BxV):
         return logits_BxV[rows_B, a_B] - logits_BxV[rows_B, a_corrupt_B]

@@ -108,14 +108,17 @@ def stack_trees(trees: list) -> dict:
 
 class LayerStack(nn.Module):
     """The n_unique layers once: an `nn.scan` with params stacked on the `layers` axis, or a
-    Python loop over layers named layer_0..layer_{L-1} (convert with params.py)."""
+    Python loop over layers named layer_0..layer_{L-1} (convert with params.py). `n_layers`
+    other than the core's: the prelude or the coda (transformer.py), the same layers unlooped."""
 
     cfg: ModelConfig
     collect_layers: bool = False
+    n_layers: int | None = None  # None: the core's n_unique
 
     @nn.compact
     def __call__(self, x_BxTxD, h_BxTxD, inject, rope, edit: StreamEdit | None = None):
         cfg = self.cfg
+        n_layers = cfg.n_unique if self.n_layers is None else self.n_layers
         block_cls = Block
         if cfg.remat is Remat.LAYER:
             block_cls = nn.remat(Block, prevent_cse=not cfg.scan)
@@ -125,14 +128,14 @@ class LayerStack(nn.Module):
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
-                length=cfg.n_unique,
+                length=n_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            layers = jnp.arange(cfg.n_unique)
+            layers = jnp.arange(n_layers)
             return scanned(cfg, self.collect_layers, name="layers")(x_BxTxD, layers, h_BxTxD, inject,
                                                                     rope, edit)
         ys = []
-        for layer in range(cfg.n_unique):
+        for layer in range(n_layers):
             block = block_cls(cfg, self.collect_layers, name=f"layer_{layer}")
             x_BxTxD, y = block(x_BxTxD, layer, h_BxTxD, inject, rope, at(edit, layer))
             ys.append(y)

@@ -1,4 +1,13 @@
-"""The decoder-only looped LM: embedding -> n_loops x (n_unique layers) -> final norm -> logits.
+"""The decoder-only looped LM: embedding -> prelude -> n_loops x (n_unique layers, the core) ->
+coda -> final norm -> logits.
+
+Prelude and coda (`n_prelude`, `n_coda`; 0 by default, and then no module exists and the model
+traces as it did without them) are unlooped layers with their own parameters, Huginn's 2-4-2
+shape. The prelude's output is the signal e that every injection mode feeds back (the
+embedding when there is no prelude). The coda runs on the stream an exit reads out: at the last
+loop, and at every loop boundary when all exits are asked for (`all_exits`, `exit_logits`, or
+a loss at several loops), so an early exit or a test-time loop count is the whole model
+stopped after t iterations (Huginn, Parcae), not the core's raw state.
 
 Depth is two nested scans: the inner one over the unique layers (params stacked on `layers`),
 the outer one over loops with params broadcast, so the parameter count does not depend on the
@@ -25,9 +34,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from loopscale.config.schema import DType, ModelConfig, Remat
+from loopscale.config.schema import DType, LossLoops, ModelConfig, Remat
 from loopscale.model import mup
-from loopscale.model.block import Loop, StreamEdit, at, stack_trees
+from loopscale.model.block import LayerStack, Loop, StreamEdit, at, stack_trees
 from loopscale.model.layers import RMSNorm, rms_norm, rope_tables, weight
 
 
@@ -36,6 +45,10 @@ class ModelOutputs:
     logits: jax.Array | None  # (B, T, V) float32, last loop (None with readout=False)
     exit_logits: jax.Array | None  # (K, B, T, V) at every loop boundary, when asked for
     loop_hidden: jax.Array  # (K, B, T, D) stream at the end of each loop, before the final norm
+    # What the readout reads at the exits, before the final norm: loop_hidden itself without a
+    # coda; with one, the coda's output at every loop boundary (K, ...) when all exits are
+    # asked for, else at the last loop only (1, ...). [-1] is always the model's output stream.
+    exit_hidden: jax.Array
     residual_norm: jax.Array  # (K,) mean over tokens of ||x_L||_2 per loop
     residual_rms: jax.Array  # (K,) RMS of the stream per loop
     layer_hidden: jax.Array | None  # (K, L, B, T, D) when collect_layers
@@ -86,6 +99,18 @@ class LoopedLM(nn.Module):
                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
             )
         self.loop = loop_cls(cfg, self.collect_layers)
+        # Prelude and coda: one pass each, so loop remat treats each as one (`prevent_cse`:
+        # outside any scan).
+        part_cls = nn.remat(LayerStack) if cfg.remat is Remat.LOOP else LayerStack
+        self.prelude = part_cls(cfg, n_layers=cfg.n_prelude) if cfg.n_prelude else None
+        self.coda = part_cls(cfg, n_layers=cfg.n_coda) if cfg.n_coda else None
+
+    def _unlooped(self, part: nn.Module, x_xBxTxD: jax.Array, rope) -> tuple[jax.Array, dict]:
+        """The prelude or coda on (..., B, T, D): its layers as on loop 1 (nothing injected);
+        leading axes are folded into the batch (exits at several loops run as one batch)."""
+        x_BxTxD = x_xBxTxD.reshape(-1, *x_xBxTxD.shape[-2:])
+        y_BxTxD, ys = part(x_BxTxD, x_BxTxD, False, rope)
+        return y_BxTxD.reshape(x_xBxTxD.shape), ys
 
     def readout(self, x_xD: jax.Array,
                 lead: tuple[str | None, ...] = ("act_batch", "act_length")) -> jax.Array:
@@ -103,16 +128,24 @@ class LoopedLM(nn.Module):
 
     def __call__(self, tokens_BxT: jax.Array, n_loops: int | None = None,
                  exit_logits: bool = False, readout: bool = True,
-                 edit: StreamEdit | None = None) -> ModelOutputs:
+                 edit: StreamEdit | None = None, all_exits: bool = False) -> ModelOutputs:
         """`readout=False` leaves the logits to the caller (model/loss.py projects the hidden
         states a few positions at a time, so the (B, T, V) logits never exist whole). `edit`:
-        the residual-stream hook (module docstring), leading axes (n_loops, n_unique)."""
+        the residual-stream hook (module docstring), leading axes (n_loops, n_unique), on the
+        core's layers. `all_exits`: the coda at every loop boundary (`exit_hidden`)."""
         cfg = self.cfg
         K = n_loops or cfg.n_loops
         dtype = jnp.bfloat16 if cfg.dtype is DType.BFLOAT16 else jnp.float32
         emb_mult = mup.scaling(mup.Role.EMBEDDING, cfg).forward_mult
         e_BxTxD = (jnp.take(self.embedding, tokens_BxT, axis=0) * emb_mult).astype(dtype)
         e_BxTxD = nn.with_logical_constraint(e_BxTxD, ("act_batch", "act_length", "act_embed"))
+        parts = []  # router statistics of the prelude and coda, for the auxiliary losses
+        if self.prelude is not None:
+            # Its own rotary tables (XLA merges them with the core's): computed here, the
+            # tables would reorder a model without a prelude's program text.
+            prelude_rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
+            e_BxTxD, ys_prelude = self._unlooped(self.prelude, e_BxTxD, prelude_rope)
+            parts.append(ys_prelude)
         e0_BxTxD = rms_norm(e_BxTxD, cfg.norm_eps) if cfg.embed_norm else e_BxTxD
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
@@ -125,16 +158,34 @@ class LoopedLM(nn.Module):
                 per_loop.append(y)
             ys = stack_trees(per_loop)
 
+        exit_hidden = ys["hidden"]
+        if self.coda is not None:
+            every = all_exits or exit_logits or cfg.loss_loops is not LossLoops.LAST
+            exit_hidden, ys_coda = self._unlooped(
+                self.coda, exit_hidden if every else exit_hidden[-1:], rope)
+            parts.append(ys_coda)
+            x_BxTxD = exit_hidden[-1]
+
         moe = {k: ys[k] for k in ("expert_load", "experts", "dropped_frac", "lb_loss", "router_z") if k in ys}
         zero = jnp.zeros((), jnp.float32)
         return ModelOutputs(
             logits=self.readout(x_BxTxD) if readout else None,
-            exit_logits=self.readout(ys["hidden"]) if exit_logits else None,
+            exit_logits=self.readout(exit_hidden) if exit_logits else None,
             loop_hidden=ys["hidden"],
+            exit_hidden=exit_hidden,
             residual_norm=ys["residual_norm"],
             residual_rms=ys["residual_rms"],
             layer_hidden=ys.get("layer_hidden"),
             moe=moe or None,
-            lb_loss=jnp.mean(moe["lb_loss"]) if moe else zero,
-            router_z=jnp.mean(moe["router_z"]) if moe else zero,
+            lb_loss=_mean_over_uses(moe, parts, "lb_loss") if moe else zero,
+            router_z=_mean_over_uses(moe, parts, "router_z") if moe else zero,
         )
+
+
+def _mean_over_uses(core: dict, parts: list[dict], name: str) -> jax.Array:
+    """An auxiliary loss's mean over every MoE layer use: the core's (K, L) uses and the
+    prelude's and coda's layers (one use each; several when the coda ran at several exits)."""
+    if not parts:
+        return jnp.mean(core[name])
+    values = [core[name]] + [p[name] for p in parts]
+    return sum(jnp.sum(v) for v in values) / sum(v.size for v in values)

@@ -35,11 +35,22 @@ from loopscale.sweep.plan_table import Plan, PlannedRun, Role, format_value
 from loopscale.sweep.schema import Family, Overrides, ShapeKind, Sweep
 from loopscale.train.schedules import stable_end
 
+# Fields added after sweeps were first planned, with the value that leaves a model as it was
+# before them: at that value a field is left out of the hash, so a sweep planned before it
+# existed keeps its run ids (and its finished runs) after an upgrade.
+HASH_NEUTRAL = {("model", "n_prelude"): 0, ("model", "n_coda"): 0}
+
+
 def config_hash(config: Config) -> str:
     """12 hex digits of the SHA-256 of the resolved config's canonical JSON. Every field is
     hashed: anything that could change the run changes its id (data paths and cache included,
-    since `loopscale train` refuses a workdir whose config.json differs in any field)."""
-    text = json.dumps(to_json(config), sort_keys=True, separators=(",", ":"))
+    since `loopscale train` refuses a workdir whose config.json differs in any field), except
+    the HASH_NEUTRAL fields at their neutral values."""
+    tree = to_json(config)
+    for (section, name), neutral in HASH_NEUTRAL.items():
+        if tree[section][name] == neutral:
+            del tree[section][name]
+    text = json.dumps(tree, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -20,9 +20,10 @@ from loopscale.train.step import readout_fn
 
 def answer_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int) -> jax.Array:
     del train  # one position per example: no micro-batches or vocabulary chunks needed
-    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False)
+    out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False,
+                      all_exits=True)
     pos_B = batch["answer_pos"]
-    hidden_KxBxD = out.loop_hidden[:, jnp.arange(pos_B.shape[0]), pos_B]
+    hidden_KxBxD = out.exit_hidden[:, jnp.arange(pos_B.shape[0]), pos_B]
     logits_KxBxV = readout_fn(model, params, lead=(None, "act_batch"))(hidden_KxBxD)
     return jnp.argmax(logits_KxBxV, axis=-1)
 

@@ -31,10 +31,11 @@ def eval_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: in
     readout = readout_fn(model, params)
 
     def sums(micro):
-        out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
+        out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False,
+                          all_exits=True)
         mask = micro["mask"].astype(jnp.float32)
         per_loop = [jnp.sum(token_losses(readout, h, micro["targets"], train.ce_chunk)[0] * mask)
-                    for h in out.loop_hidden]
+                    for h in out.exit_hidden]
         return {"loss_sum_per_loop": jnp.stack(per_loop), "weight": jnp.sum(mask)}
 
     return summed_over_micro_batches(sums, batch, train.grad_accum)

@@ -64,6 +64,10 @@ def layer_supervision_loss(readout, layer_hidden_LxBxTxD, batch) -> jax.Array:
     return cross_entropy(logits_nxBxV, labels_BxL.T, mask_BxL.T)
 
 
+def _supervises_loops(batch, train: TrainConfig) -> bool:
+    return train.intermediate_supervision and "loop_labels" in batch
+
+
 def _supervises_layers(batch, train: TrainConfig) -> bool:
     return train.intermediate_supervision and "layer_labels" in batch
 
@@ -76,7 +80,7 @@ def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
     if _supervises_layers(batch, train):
         model = model.clone(collect_layers=True)
     out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False,
-                      edit=edit)
+                      edit=edit, all_exits=_supervises_loops(batch, train))
     return objective(params, out, batch, model, train)
 
 
@@ -87,9 +91,9 @@ def objective(params, out: ModelOutputs, batch, model: LoopedLM, train: TrainCon
     that runs the model itself (the coordinate check, evaluate/coordcheck.py, captures
     intermediates) differentiates the same objective."""
     n_loops = out.loop_hidden.shape[0]
-    supervise = train.intermediate_supervision and "loop_labels" in batch
+    supervise = _supervises_loops(batch, train)
     mask = batch["mask"]
-    ce, lse_BxT = lm_loss(readout_fn(model, params), out.loop_hidden, batch["targets"], mask,
+    ce, lse_BxT = lm_loss(readout_fn(model, params), out.exit_hidden, batch["targets"], mask,
                           model.cfg.loss_loops, train.ce_chunk)
     total = ce
     if train.z_loss_weight:
@@ -97,7 +101,7 @@ def objective(params, out: ModelOutputs, batch, model: LoopedLM, train: TrainCon
     aux = {"ce": ce, "residual_norm": out.residual_norm}
     points = readout_fn(model, params, lead=(None, "act_batch"))
     if supervise:
-        hop = loop_supervision_loss(points, out.loop_hidden, batch)
+        hop = loop_supervision_loss(points, out.exit_hidden, batch)
         total, aux["loop_supervision_loss"] = total + hop, hop
     if _supervises_layers(batch, train):
         hop = layer_supervision_loss(points, out.layer_hidden[-1], batch)
