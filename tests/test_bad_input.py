@@ -106,6 +106,10 @@ CATALOGUE = [
      "unknown config field in config.model.nope"),
     (["flops", "--config=experiments/looped.py:tiny", "--config.model.n_coda=-1"],
      "model.n_coda=-1 must be 0 or more"),
+    (["eval", "--workdir={tmp}/run", "--what=loops", "--loops=1,0"],
+     "--loops takes positive loop counts, got '0'"),
+    (["eval", "--workdir={tmp}/run", "--what=ppl", "--loops=4"],
+     "--loops gives the loop counts of --what=loops"),
     # Measurements that do not exist, wherever they are named.
     (["plan", "--sweep=sweeps/permutation.py", "--sweep.measure=ppl,nope",
       "--out={tmp}/plan.csv"], "sweep.measure=nope is not a measurement (built: ppl, loops, "),

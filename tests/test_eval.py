@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import evalkit
+import numpy as np
 import pytest
 import trainkit
 
@@ -67,6 +68,19 @@ def test_loops_of_a_looped_run_at_every_count(looped_run):
     assert loops["loss_at_trained"] == pytest.approx(summary["final_eval_loss"], rel=1e-5)
     ppl = json.loads((tmp_path / "run" / "eval" / "ppl.json").read_text())
     assert ppl["loss_per_exit"] == pytest.approx(summary["eval_loss_per_loop"], rel=1e-5)
+    # The stream per loop at the largest count: norms, and steps between consecutive loops.
+    assert loops["state_loops"] == list(range(1, 2 * k + 1))
+    assert len(loops["residual_norm"]) == 2 * k and len(loops["relative_step"]) == 2 * k - 1
+    assert all(0 < s < 10 for s in loops["relative_step"])
+    assert loops["saturating_fit"]["fitted"] and loops["saturating_fit"]["dof"] == 2 * k - 3
+
+    # Any counts, beyond training: the trained count is added, and the same counts measure
+    # the same losses as the default's.
+    assert main(["eval", f"--workdir={run}", "--what=loops", "--loops=1,3,8"]) == 0
+    chosen = json.loads((run / "eval" / "loops.json").read_text())
+    assert chosen["loop_counts"] == [1, 2, 3, 8] and chosen["state_loops"][-1] == 8
+    assert chosen["loss"][:3] == pytest.approx(loops["loss"][:3], rel=1e-6)
+    assert chosen["inputs"] == {"loop_counts": [1, 3, 8]}
 
     # jsd: against the plain computation from the whole (K, B, T, V) exit logits.
     import jax
@@ -536,3 +550,23 @@ def test_permutation_accuracy_per_hop_beside_the_shortcut(tmp_path, tmp_path_fac
     assert again["accuracy"] == pytest.approx(summary["final_eval_accuracy"])
     assert again["shortcut"] == pytest.approx(final_row["eval_shortcut"])
     assert collect_dir(str(run))[0]["final_eval_accuracy"] == summary["final_eval_accuracy"]
+
+
+def test_saturating_fit_recovers_a_known_curve():
+    """L(r) = L_inf + (L_1 - L_inf) exp(-k (r - 1)): exact on the curve itself; with noise of
+    0.01 nats the 95% intervals hold the truth; three counts leave no interval, two no fit."""
+    from loopscale.evaluate.loop_losses import saturating, saturating_fit
+
+    counts = [1, 2, 4, 8, 16, 32]
+    truth = {"L_inf": 3.1, "L_1": 4.0, "k": 0.45}
+    exact = saturating_fit(counts, saturating(counts, *truth.values()).tolist())
+    for name, value in truth.items():
+        assert exact[name] == pytest.approx(value, rel=1e-6)
+    noise = np.random.default_rng(0).normal(0.0, 0.01, len(counts))
+    noisy = saturating_fit(counts, (saturating(counts, *truth.values()) + noise).tolist())
+    for name, value in truth.items():
+        lo, hi = noisy[f"{name}_interval"]
+        assert lo < value < hi, (name, noisy)
+    three = saturating_fit([1, 2, 4], [4.0, 3.5, 3.3])
+    assert three["fitted"] and three["k_interval"] is None
+    assert not saturating_fit([1, 2], [4.0, 3.5])["fitted"]

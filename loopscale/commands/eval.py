@@ -4,7 +4,9 @@ measurements of a trained (or training) run's checkpoint, on held-out data it ne
 
 Writes RUN_DIR/eval/NAME.json and NAME.png per measurement (loopscale/evaluate/suite.py);
 `collect` reads their figures as columns. Built: `ppl` (held-out loss and perplexity at every
-loop exit), `loops` (at inference loop counts 1 to twice the trained count), `jsd` (the
+loop exit), `loops` (at inference loop counts 1 to twice the trained count, or those of
+`--loops=1,2,4,8,16,32`, beyond training too, with the saturating fit of the loss against the
+count and the stream's norm and step per loop), `jsd` (the
 Jensen-Shannon divergence at every depth from the final distribution), `routing` (MoE routing
 across loop passes, beside random routing's),
 `accuracy` (permutation traversal, per hop, beside the shortcut), `mc` (downstream
@@ -38,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "olmes:TASK (one of them); default: the shipped KJV verse task")
     p.add_argument("--mc_limit", type=int, default=None,
                    help="--what=mc: score only the first N questions of every task")
+    p.add_argument("--loops", default="",
+                   help="--what=loops: comma-separated loop counts, beyond the trained count "
+                        "too (e.g. 1,2,4,8,16,32; the trained count is always added); default "
+                        "1 to twice the trained count")
     p.add_argument("--data", default="",
                    help="held-out text files or globs (comma-separated) read instead of the "
                         "run's held-out split (a run trained on text)")
@@ -58,8 +64,11 @@ def run(args: argparse.Namespace) -> int:
     if args.mc_limit is not None and Measure.MC not in what:
         raise UsageError("--mc_limit limits the questions of --what=mc")
     tasks = with_limit(tasks, args.mc_limit)  # it travels with the tasks, into mc's identity
+    loop_counts = _loop_counts(args.loops)
+    if loop_counts and Measure.LOOPS not in what:
+        raise UsageError("--loops gives the loop counts of --what=loops")
     for measure, path in evaluate_run(args.workdir, what, args.step, args.batches,
-                                      tasks, args.data).items():
+                                      tasks, args.data, loop_counts).items():
         print(f"{measure.value}: {path}")
         # A measurement's one-line reading (jsd, routing, early_exit), measured now or kept;
         # absent on a process that did not write the file.
@@ -67,3 +76,14 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(f"  {note}")
     return 0
+
+
+def _loop_counts(text: str) -> tuple[int, ...]:
+    from loopscale.errors import UsageError
+
+    counts = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(f"--loops takes positive loop counts, got {part!r}")
+        counts.append(int(part))
+    return tuple(counts)

@@ -72,6 +72,7 @@ class Loaded:
     batches: int  # held-out batches of config.train.batch_size sequences
     tasks: tuple[str, ...] = ()  # --tasks: mc's task files (none: the shipped one)
     data: str = ""  # --data: held-out text files instead of the run's held-out split
+    loop_counts: tuple[int, ...] = ()  # --loops: the loops measure's counts (none: 1 .. 2K)
 
     @property
     def model(self) -> LoopedLM:
@@ -116,13 +117,15 @@ class Loaded:
             out = evaluate(step, self.params, self._held_out(), batch_sharding)
         return out["eval_loss_per_loop"], out["eval_tokens"]
 
-    def sums(self, step_fn, max_batches: int | None = None, prepare=None) -> dict:
+    def sums(self, step_fn, max_batches: int | None = None, prepare=None,
+             n_loops: int | None = None) -> dict:
         """`step_fn(params, batch, model=, train=, n_loops=)`'s sums over the held-out batches
-        (the first `max_batches` of them), at the trained loop count. `prepare(i, local)`, if
-        given, returns held-out batch i's rows in this process as the step reads them (fields
-        made on the host: patching's corrupted inputs, supervision labels)."""
+        (the first `max_batches` of them), at `n_loops` loops (default: the trained count).
+        `prepare(i, local)`, if given, returns held-out batch i's rows in this process as the
+        step reads them (fields made on the host: patching's corrupted inputs, supervision
+        labels)."""
         params_sharding, batch_sharding = self._shardings()
-        n_loops = self.config.model.n_loops
+        n_loops = n_loops or self.config.model.n_loops
         step = _compiled(self._step_key(_step_fn_key(step_fn), n_loops,
                                         (params_sharding, batch_sharding)),
                          lambda: jax.jit(functools.partial(step_fn, model=self.model,

@@ -6,8 +6,9 @@ draws its figure. This module is only the table: the measurements live in their 
 which import `Loaded` from below and never this table.
 
     ppl     held-out held-out loss and perplexity at every loop exit (the last is the model's)
-    loops   loss and perplexity at inference loop counts 1 .. 2K (K the trained count)
-            (loop_losses.py)
+    loops   loss and perplexity at inference loop counts 1 .. 2K (K the trained count) or
+            those of --loops, the saturating fit L(r) = L_inf + (L_1 - L_inf) exp(-k (r - 1))
+            with intervals, and the stream's norm and step per loop (loop_losses.py)
     early_exit  per token, exit at the first loop boundary (layer, without loops) whose
             logit-lens entropy is below tau; tau swept: perplexity against forward FLOPs
             saved, and at 5/10/20/30% saved (the sparse-layers study's Table 7), each with a

@@ -46,11 +46,12 @@ def parse_what(spec: str, where: str = "--what") -> tuple[Measure, ...]:
 
 
 def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
-                 batches: int | None = None, tasks: Sequence[str] = (), data: str = ""
-                 ) -> dict[Measure, str]:
+                 batches: int | None = None, tasks: Sequence[str] = (), data: str = "",
+                 loop_counts: Sequence[int] = ()) -> dict[Measure, str]:
     """Takes the measurements `what` of the run in `rundir` (UsageError if it cannot); returns
     the JSON path of each, measured now or kept from before. `tasks`: mc's task files;
-    `data`: held-out text files read instead of the run's held-out split (held_out.py)."""
+    `data`: held-out text files read instead of the run's held-out split (held_out.py);
+    `loop_counts`: the loops measure's counts (default 1 .. 2K)."""
     available = checkpoint_steps(os.path.join(rundir, CHECKPOINTS))
     if step is None and available:
         step = available[-1]
@@ -63,6 +64,8 @@ def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
     for m in what:
         identity = {**(INPUTS[m](tuple(tasks)) if m in INPUTS else {}),
                     **(data_id if m in READS_HELD_OUT else {})}
+        if m is Measure.LOOPS and loop_counts:
+            identity["loop_counts"] = list(loop_counts)
         if identity:
             inputs[m] = identity
     loaded = None
@@ -78,7 +81,7 @@ def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
             n = batches or config.train.eval_batches
             if n < 1:
                 raise UsageError(f"--batches must be at least 1, got {n}")
-            loaded = Loaded(config, step, params, mesh, n, tuple(tasks), data)
+            loaded = Loaded(config, step, params, mesh, n, tuple(tasks), data, tuple(loop_counts))
         m = loaded.config.model
         if measure in CORE_ONLY and (m.n_prelude or m.n_coda):
             raise UsageError(f"--what={measure.value} does not read a model with a prelude or "
