@@ -168,6 +168,18 @@ def layer_use_flops(cfg: ModelConfig, seq_len: int, convention: FlopConvention) 
     return flops_per_token(two, seq_len, convention) - flops_per_token(one, seq_len, convention)
 
 
+def step_flops_per_token(cfg: ModelConfig, seq_len: int, convention: FlopConvention,
+                         bptt_loops: int = 0) -> float:
+    """Training FLOPs per token of a step at cfg.n_loops loops, with truncated backpropagation
+    through the last `bptt_loops` (0: all): the core's earlier iterations run forward only, so
+    they cost 2N of the convention's 6N (the backward's 4N dropped)."""
+    full = flops_per_token(cfg, seq_len, convention)
+    if not bptt_loops or cfg.n_loops <= bptt_loops:
+        return full
+    frozen = (cfg.n_loops - bptt_loops) * cfg.n_unique
+    return full - frozen * layer_use_flops(cfg, seq_len, convention) * 2.0 / 3.0
+
+
 def flops_by_part(cfg: ModelConfig, seq_len: int, convention: FlopConvention) -> dict[str, float]:
     """Training FLOPs per token under `convention` by part, as the recurrence law counts them:
     the prelude once, the core n_loops times, the coda once, and `other` (the vocabulary

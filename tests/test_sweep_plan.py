@@ -17,7 +17,7 @@ from loopscale.config import load_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import to_json
 from loopscale.sweep import base_sweep, load_sweep, parse_sweep
-from loopscale.sweep.plan import config_hash, plan
+from loopscale.sweep.plan import HASH_NEUTRAL, config_hash, plan
 from loopscale.sweep.plan_table import PLAN_COLUMNS
 from loopscale.sweep.schema import ShapeKind
 
@@ -420,13 +420,16 @@ def test_demo_finds_its_sweep_from_any_directory(tmp_path, monkeypatch, capsys):
 
 
 def test_a_field_added_later_keeps_the_run_ids_planned_before_it():
-    """model.n_prelude and model.n_coda at 0 (the model as it was before them) are left out of
-    the hash, so a sweep planned before they existed keeps its ids; set, they change it."""
+    """Fields added after sweeps were first planned (model.n_prelude, model.n_coda, the loop
+    schedule's), at the values that leave a run as it was, are left out of the hash, so a
+    sweep planned before they existed keeps its ids; set otherwise, they change it."""
     config = parse(load_config("experiments/looped.py:tiny", []))
     tree = to_json(config)
-    del tree["model"]["n_prelude"], tree["model"]["n_coda"]
+    for section, name in HASH_NEUTRAL:
+        del tree[section][name]
     before = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode())
     assert config_hash(config) == before.hexdigest()[:12]
-    for field in ("n_prelude", "n_coda"):
-        changed = dataclasses.replace(config, model=dataclasses.replace(config.model, **{field: 1}))
-        assert config_hash(changed) != config_hash(config)
+    for section, field, value in [("model", "n_prelude", 1), ("model", "n_coda", 1),
+                                  ("train", "bptt_loops", 1), ("train", "loop_max", 8)]:
+        part = dataclasses.replace(getattr(config, section), **{field: value})
+        assert config_hash(dataclasses.replace(config, **{section: part})) != config_hash(config)

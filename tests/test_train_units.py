@@ -408,8 +408,10 @@ SMALL = {"train.steps": 8, "train.batch_size": 4, "train.seq_len": 16, "train.ev
 
 def test_variable_loop_training(corpus, tmp_path):
     # Seed 6 draws [2, 1, 2, 1, 1, 2]: two loop counts (two compiles), one of them a single loop.
+    # Truncated backpropagation through the last loop: 2-loop steps run their first forward only.
     cfg = trainkit.config("looped", *corpus, **{**SMALL, "train.loop_choices": "(1,2,3)", "seed": 6,
-                                                "train.steps": 6})
+                                                "train.loop_dist": "uniform",
+                                                "train.bptt_loops": 1, "train.steps": 6})
     assert train(cfg, str(tmp_path / "a"), devices=ONE) == 0
     rows = [r for r in metric_rows(tmp_path / "a") if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, 7))
@@ -419,11 +421,13 @@ def test_variable_loop_training(corpus, tmp_path):
         assert len(r["residual_norm"]) == r["n_loops"]
         assert math.isfinite(r["loss"])
     # Each step's FLOPs are the analytic count at the loop count it ran (embedding and
-    # unembedding once, the looped block once per loop).
+    # unembedding once, the looped block once per loop, a frozen loop forward only).
     flops = np.diff([0.0] + [r["flops"] for r in rows])
     tokens = cfg.train.batch_size * cfg.train.seq_len
-    want = [tokens * flops_per_token(dataclasses.replace(cfg.model, n_loops=k), cfg.train.seq_len,
-                                     cfg.flop_convention) for k in loops]
+    per_step = {k: flops_per_token(dataclasses.replace(cfg.model, n_loops=k), cfg.train.seq_len,
+                                   cfg.flop_convention) for k in (1, 2)}
+    frozen_loop = (per_step[2] - per_step[1]) * 2 / 3
+    want = [tokens * (per_step[k] - (frozen_loop if k == 2 else 0.0)) for k in loops]
     np.testing.assert_allclose(flops, want, rtol=1e-9)
     assert flops[loops.index(2)] > flops[loops.index(1)]
     # Deterministic: the logged counts are a pure function of (seed, step), so a second run (or

@@ -13,6 +13,7 @@ from loopscale.config.schema import (
     FFNKind,
     FlopConvention,
     Injection,
+    LoopDist,
     LossLoops,
     MeshConfig,
     MLPKind,
@@ -26,7 +27,7 @@ from loopscale.config.schema import (
 from loopscale.config.validate import parse, parse_model
 
 __all__ = [
-    "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LossLoops",
+    "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LoopDist", "LossLoops",
     "MeshConfig", "MLPKind", "ModelConfig", "MoEDispatch", "Param", "Remat", "Schedule",
     "TrainConfig", "base_config", "load_config", "parse", "parse_model",
 ]

@@ -91,6 +91,14 @@ class Schedule(enum.Enum):
     WSD = "wsd"  # warmup, stable, decay over the last decay_frac of steps
 
 
+class LoopDist(enum.Enum):
+    """How a training step's loop count is drawn (train/loop_schedule.py)."""
+
+    FIXED = "fixed"  # model.n_loops every step
+    UNIFORM = "uniform"  # uniformly from train.loop_choices
+    POISSON_LOGNORMAL = "poisson_lognormal"  # Huginn's: r = Poisson(tau) + 1, tau log-normal
+
+
 class Cooldown(enum.Enum):
     LINEAR = "linear"
     SQRT = "sqrt"

@@ -23,6 +23,7 @@ from loopscale.config.enums import (
     FlopConvention,
     InitDist,
     Injection,
+    LoopDist,
     LossLoops,
     MLPKind,
     MoEDispatch,
@@ -164,7 +165,17 @@ class TrainConfig:
     ce_chunk: int
     lb_loss_weight: float
     router_z_weight: float
-    loop_choices: tuple  # non-empty: sample the loop count per step from these
+    # The loop count of each training step (train/loop_schedule.py): fixed (model.n_loops),
+    # uniform over loop_choices, or poisson_lognormal (Huginn: tau ~ LogNormal(log(loop_mean) -
+    # loop_sigma^2 / 2, loop_sigma), r = Poisson(tau) + 1, at most loop_max when it is set).
+    loop_dist: LoopDist
+    loop_choices: tuple
+    loop_mean: float
+    loop_sigma: float
+    loop_max: int  # 0: no cap
+    # Truncated backpropagation: the gradient flows through the last bptt_loops iterations of
+    # the core only (the stream entering the one before is a constant); 0: through all.
+    bptt_loops: int
     intermediate_supervision: bool
     log_every: int
     eval_every: int
@@ -236,6 +247,7 @@ class Config:
 # Fields of TrainConfig that only the host loop reads (the schedule enters the step as a
 # multiplier argument; train/optimizer.py), left out of Config.step_shape.
 HOST_ONLY_TRAIN = ("steps", "schedule", "warmup_steps", "decay_frac", "cooldown", "min_lr_frac",
-                   "loop_choices", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                   "loop_dist", "loop_choices", "loop_mean", "loop_sigma", "loop_max",
+                   "log_every", "eval_every", "eval_batches", "checkpoint_every",
                    "keep_checkpoints", "keep_steps", "branch_from", "branch_step",
                    "loop_grad_every", "log_act_grads", "peak_flops")

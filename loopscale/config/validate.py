@@ -14,8 +14,8 @@ from typing import Any
 
 import ml_collections
 
-from loopscale.config.enums import FFNKind, Optimizer, Param, WeightDecay
-from loopscale.config.schema import Config, InitConfig, ModelConfig
+from loopscale.config.enums import FFNKind, LoopDist, Optimizer, Param, WeightDecay
+from loopscale.config.schema import Config, InitConfig, ModelConfig, TrainConfig
 from loopscale.errors import UsageError
 
 
@@ -102,6 +102,25 @@ def _check_model(m: ModelConfig) -> None:
                              f"(model.init_std) or positive")
 
 
+def _check_loop_schedule(t: TrainConfig) -> None:
+    if any(not isinstance(k, int) or k < 1 for k in t.loop_choices):
+        raise UsageError(f"train.loop_choices={t.loop_choices} must be positive integers")
+    if (t.loop_dist is LoopDist.UNIFORM) != bool(t.loop_choices):
+        raise UsageError("train.loop_choices (the counts to draw from) goes with "
+                         f"train.loop_dist=uniform, and only with it (got loop_dist="
+                         f"{t.loop_dist.value}, loop_choices={t.loop_choices})")
+    if t.loop_dist is LoopDist.POISSON_LOGNORMAL and not (t.loop_mean > 0 and t.loop_sigma >= 0):
+        raise UsageError(f"train.loop_mean={t.loop_mean} must be positive and train.loop_sigma="
+                         f"{t.loop_sigma} at least 0")
+    for name in ("loop_max", "bptt_loops"):
+        if getattr(t, name) < 0:
+            raise UsageError(f"train.{name}={getattr(t, name)} must be 0 (off) or positive")
+    if t.bptt_loops and t.loop_grad_every:
+        # Per-loop gradient norms split the gradient over every loop; truncated, most are 0.
+        raise UsageError("train.loop_grad_every (per-loop gradient norms) is not measured with "
+                         "train.bptt_loops (truncated backpropagation)")
+
+
 def parse_model(section: Any) -> ModelConfig:
     model = _build(ModelConfig, section, "model")
     _check_model(model)
@@ -127,8 +146,7 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
         # or with them, is an untested mixture. The FLT recipe is Muon with sp.
         raise UsageError(f"train.optimizer=muon needs model.param=sp (got "
                          f"{config.model.param.value}): muP's LR multipliers are Adam's rules")
-    if any(not isinstance(k, int) or k < 1 for k in t.loop_choices):
-        raise UsageError(f"train.loop_choices={t.loop_choices} must be positive integers")
+    _check_loop_schedule(t)
     if any(not isinstance(k, int) or not 1 <= k <= t.steps for k in t.keep_steps):
         raise UsageError(f"train.keep_steps={t.keep_steps} must be steps between 1 and "
                          f"train.steps={t.steps}")

@@ -128,11 +128,15 @@ class LoopedLM(nn.Module):
 
     def __call__(self, tokens_BxT: jax.Array, n_loops: int | None = None,
                  exit_logits: bool = False, readout: bool = True,
-                 edit: StreamEdit | None = None, all_exits: bool = False) -> ModelOutputs:
+                 edit: StreamEdit | None = None, all_exits: bool = False,
+                 bptt_loops: int = 0) -> ModelOutputs:
         """`readout=False` leaves the logits to the caller (model/loss.py projects the hidden
         states a few positions at a time, so the (B, T, V) logits never exist whole). `edit`:
         the residual-stream hook (module docstring), leading axes (n_loops, n_unique), on the
-        core's layers. `all_exits`: the coda at every loop boundary (`exit_hidden`)."""
+        core's layers. `all_exits`: the coda at every loop boundary (`exit_hidden`).
+        `bptt_loops` = k (0: off): truncated backpropagation, the gradient through the last k
+        loops only; the loops before them run as constants (their outputs stop_gradient'ed,
+        the stream entering loop K - k included)."""
         cfg = self.cfg
         K = n_loops or cfg.n_loops
         dtype = jnp.bfloat16 if cfg.dtype is DType.BFLOAT16 else jnp.float32
@@ -149,11 +153,22 @@ class LoopedLM(nn.Module):
         e0_BxTxD = rms_norm(e_BxTxD, cfg.norm_eps) if cfg.embed_norm else e_BxTxD
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
-        if self.scans_loops:
+        cut = K - bptt_loops if 0 < bptt_loops < K else 0  # loops run without a gradient
+        if self.per_loop_params and cut:
+            raise ValueError("per-loop parameters with truncated backpropagation")
+        if self.scans_loops and cut:  # two scans over the same (broadcast) parameters
+            frozen = jax.lax.stop_gradient(self.loop(e0_BxTxD, jnp.arange(cut), e_BxTxD,
+                                                     e0_BxTxD, rope, _loops(edit, 0, cut)))
+            x_BxTxD, ys = self.loop(frozen[0], jnp.arange(cut, K), e_BxTxD, e0_BxTxD, rope,
+                                    _loops(edit, cut, K))
+            ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), frozen[1], ys)
+        elif self.scans_loops:
             x_BxTxD, ys = self.loop(e0_BxTxD, jnp.arange(K), e_BxTxD, e0_BxTxD, rope, edit)
         else:  # the layers may still be scanned: ys then carry the layer axis per loop
             x_BxTxD, per_loop = e0_BxTxD, []
             for t in range(K):
+                if cut and t == cut:
+                    x_BxTxD, per_loop = jax.lax.stop_gradient((x_BxTxD, per_loop))
                 x_BxTxD, y = self.loop(x_BxTxD, t, e_BxTxD, e0_BxTxD, rope, at(edit, t))
                 per_loop.append(y)
             ys = stack_trees(per_loop)
@@ -180,6 +195,11 @@ class LoopedLM(nn.Module):
             lb_loss=_mean_over_uses(moe, parts, "lb_loss") if moe else zero,
             router_z=_mean_over_uses(moe, parts, "router_z") if moe else zero,
         )
+
+
+def _loops(edit: StreamEdit | None, start: int, stop: int) -> StreamEdit | None:
+    """The edit's slices of loops start .. stop - 1 (leading axis: loops)."""
+    return None if edit is None else jax.tree.map(lambda a: a[start:stop], edit)
 
 
 def _mean_over_uses(core: dict, parts: list[dict], name: str) -> jax.Array:

@@ -59,6 +59,10 @@ def read_config(rundir: str | os.PathLike) -> Config:
     saved = read_json(path)
     if not isinstance(saved, dict):
         raise UsageError(f"{path}: missing or not a JSON object")
+    train = saved.get("train", {})
+    if train.get("loop_choices") and "loop_dist" not in train:
+        # Written before train.loop_dist: loop_choices alone meant a uniform draw.
+        saved = {**saved, "train": {**train, "loop_dist": "uniform"}}
     try:
         return parse(ml_collections.ConfigDict(_merged(base_config().to_dict(), saved)))
     except UsageError as e:

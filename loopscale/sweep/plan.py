@@ -3,7 +3,8 @@
 Per family, every shape of the shape rule is resolved into a full experiment config (the same
 `load_config` + `parse` path `loopscale train` takes, so the planned run is exactly the trained
 one). For a budget C, a shape with training FLOPs per token f (the config's flop_convention:
-loop-aware, MoE-active, flops.flops_per_token) trains tokens = C / f, i.e.
+loop-aware, MoE-active, flops.flops_per_token; a drawn loop count at its mean:
+train/loop_schedule.planned_flops_per_token) trains tokens = C / f, i.e.
 steps = round(C / (f * batch_size * seq_len)), and spends flops = steps * batch_size *
 seq_len * f, which is within budget_tolerance of C (rounding to whole steps is the only loss).
 Shapes needing fewer than min_steps (or more than max_steps) steps cannot meet the budget and
@@ -33,12 +34,16 @@ from loopscale.errors import UsageError
 from loopscale.files import to_json
 from loopscale.sweep.plan_table import Plan, PlannedRun, Role, format_value
 from loopscale.sweep.schema import Family, Overrides, ShapeKind, Sweep
+from loopscale.train.loop_schedule import planned_flops_per_token
 from loopscale.train.schedules import stable_end
 
 # Fields added after sweeps were first planned, with the value that leaves a model as it was
 # before them: at that value a field is left out of the hash, so a sweep planned before it
 # existed keeps its run ids (and its finished runs) after an upgrade.
-HASH_NEUTRAL = {("model", "n_prelude"): 0, ("model", "n_coda"): 0}
+HASH_NEUTRAL = {("model", "n_prelude"): 0, ("model", "n_coda"): 0,
+                ("train", "loop_dist"): "fixed", ("train", "loop_mean"): 4.0,
+                ("train", "loop_sigma"): 0.5, ("train", "loop_max"): 0,
+                ("train", "bptt_loops"): 0}
 
 
 def config_hash(config: Config) -> str:
@@ -142,7 +147,7 @@ class _Shape:
 def _resolve_shape(experiment: str, overrides: Overrides, params_key: str) -> _Shape:
     config = resolve(experiment, overrides)
     counts = flops_lib.param_counts(config.model)
-    fpt = flops_lib.flops_per_token(config.model, config.train.seq_len, config.flop_convention)
+    fpt = planned_flops_per_token(config)
     return _Shape(overrides, config, counts, counts[params_key], fpt)
 
 
@@ -197,7 +202,7 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
     and `est_device_hours` what the run itself computes."""
     m, t = config.model, config.train
     counts = flops_lib.param_counts(m)
-    fpt = flops_lib.flops_per_token(m, t.seq_len, config.flop_convention)
+    fpt = planned_flops_per_token(config)
     tokens = t.steps * t.batch_size * t.seq_len
     own_tokens = (t.steps - t.branch_step if t.branch_from else t.steps) * t.batch_size * t.seq_len
     spent = tokens * fpt
@@ -219,8 +224,7 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
         "flop_convention": config.flop_convention.value, "flops_per_token": fpt,
         "tokens": tokens, "steps": t.steps, "batch_size": t.batch_size, "seq_len": t.seq_len,
         "lr": t.lr, "seed": config.seed, "flops": spent,
-        "flops_6n_attn": tokens * flops_lib.flops_per_token(m, t.seq_len,
-                                                            FlopConvention.ATTENTION),
+        "flops_6n_attn": tokens * planned_flops_per_token(config, FlopConvention.ATTENTION),
         "flops_over_budget": spent / budget if budget else None,
         "est_device_hours": hours,
         # Filled in from compiles for a TPU slice (sizing.py, `loopscale plan --topology`).

@@ -80,7 +80,8 @@ def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
     if _supervises_layers(batch, train):
         model = model.clone(collect_layers=True)
     out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False,
-                      edit=edit, all_exits=_supervises_loops(batch, train))
+                      edit=edit, all_exits=_supervises_loops(batch, train),
+                      bptt_loops=train.bptt_loops)
     return objective(params, out, batch, model, train)
 
 

@@ -63,8 +63,8 @@ class Throughput:
     def train_flops_per_token(self, n_loops: int) -> float:
         if n_loops not in self._flops_per_token:
             model = dataclasses.replace(self.config.model, n_loops=n_loops)
-            self._flops_per_token[n_loops] = flops_lib.flops_per_token(
-                model, self.train.seq_len, self.config.flop_convention)
+            self._flops_per_token[n_loops] = flops_lib.step_flops_per_token(
+                model, self.train.seq_len, self.config.flop_convention, self.train.bptt_loops)
         return self._flops_per_token[n_loops]
 
     def restart(self) -> None:

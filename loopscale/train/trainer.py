@@ -36,6 +36,7 @@ from loopscale.rundir.run import RunDirectory
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.train import diagnostics
 from loopscale.train.eval_loss import evaluate, jit_eval_step
+from loopscale.train.loop_schedule import loops_for_step
 from loopscale.train.resume import restore
 from loopscale.train.sharded_state import (  # noqa: F401 (the last two: see the docstring)
     Setup, jit_train_step, setup, abstract_state, init_state)
@@ -67,10 +68,7 @@ class _Stop:
 
 
 def _loops_for_step(config: Config, step: int) -> int:
-    choices = config.train.loop_choices
-    if not choices:
-        return config.model.n_loops
-    return int(np.random.default_rng([config.seed, step]).choice(choices))
+    return loops_for_step(config.train, config.model.n_loops, config.seed, step)
 
 
 def train(config: Config, workdir: str, devices=None) -> int:
