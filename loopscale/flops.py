@@ -64,6 +64,7 @@ from loopscale.config.schema import (
     FFNKind,
     FlopConvention,
     Injection,
+    LoopModulation,
     LossLoops,
     MLPKind,
     ModelConfig,
@@ -111,21 +112,24 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     stored_layer = shared + p["router"] + p["ffn_stored"]
     active_layer = shared + (p["router"] if cfg.count_router else 0) + p["ffn_active"]
     embedding = 2 * V * D
-    unique = (once + L) * stored_layer + final_norm
-    active_nonemb = (once + K * L) * active_layer + final_norm
+    # FiLM (loop_modulation=film): a scale and a shift of width D per loop, part of the core;
+    # each loop pass uses its own row.
+    film = 2 * K * D if cfg.loop_modulation is LoopModulation.FILM else 0
+    unique = (once + L) * stored_layer + final_norm + film
+    active_nonemb = (once + K * L) * active_layer + final_norm + film
     return {
         "params_embedding": embedding,
         "params_embedding_in": V * D,
         "params_unembedding": D * V,
         "params_unique": unique,
-        "params_effective": (once + K * L) * stored_layer + final_norm,
+        "params_effective": (once + K * L) * stored_layer + final_norm + film,
         "params_active": active_nonemb + embedding,
         "params_active_nonembedding": active_nonemb,
-        "params_active_stored": (once + L) * active_layer + final_norm + embedding,
+        "params_active_stored": (once + L) * active_layer + final_norm + embedding + film,
         "params_total": embedding + unique,
         "params_once": embedding + final_norm + once * stored_layer,
-        "params_rec": L * stored_layer,
-        "params_rec_active": L * active_layer,
+        "params_rec": L * stored_layer + film,
+        "params_rec_active": L * active_layer + film // K,
     }
 
 
@@ -208,6 +212,7 @@ EW_ATTN_PROBS = 14  # per logit: scale, mask select, softmax; backward of the th
 EW_ACTIVATION = {MLPKind.SWIGLU: 21, MLPKind.RELU2: 7, MLPKind.GELU: 42}
 EW_CROSS_ENTROPY = 4  # per logit: log-softmax and its gradient
 EW_SOFTCAP = 5  # per logit: divide, multiply, and the tanh derivative
+EW_FILM = 6  # per element of a loop's start: scale and shift, and their three gradients
 EW_DENSE_MASK = 4  # per element of the CPU ragged_dot expansion: 2 compares, and, select
 EW_GATHER = 10  # per assigned token and d_model: sort gather, unsort gather, combine, backward
 EW_ROUTER = 20  # per token and expert: softmaxes, one-hot load, both aux losses
@@ -324,8 +329,9 @@ def computed_flops_per_token(cfg: ModelConfig, seq_len: int,
     # rematerialises the prelude and each coda pass as one block.
     passes = [(cfg.n_prelude, 1), (cfg.n_coda, computed)]  # (layers, passes) outside the core
     total = K * L * train - (K - 1) * _reused_per_loop(cfg)
+    film = EW_FILM * D if cfg.loop_modulation is LoopModulation.FILM else 0
     for t in range(K):
-        total += _loop_start_norms(cfg, t) * EW_NORM * D
+        total += _loop_start_norms(cfg, t) * EW_NORM * D + film
         total += sum(_norms_per_layer_use(cfg, t, layer) for layer in range(L)) * norm * D
     total += sum(n * runs * (train + 2 * norm * D) for n, runs in passes)
     if cfg.remat is Remat.LAYER:

@@ -72,7 +72,14 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
     for l in range(cfg.n_prelude):  # the prelude once; its output is the injected signal e
         e = plain_layer(params["prelude"][f"layer_{l}"], e, cfg)
     x0 = rms(e) if cfg.embed_norm else e
-    x = x0
+
+    def film(t, x):  # loop_modulation=film: x * (1 + scale_t) + shift_t on the loop's start
+        if cfg.loop_modulation.value != "film":
+            return x
+        row = min(t, cfg.n_loops - 1)
+        return x * (1 + params["loop"]["film_scale"][row]) + params["loop"]["film_shift"][row]
+
+    x = film(0, x0)
     for l, layer in enumerate(layers):  # loop 1: the plain stack on x_0^(1)
         x = edit(0, l, plain_layer(layer, x, cfg))
     for t in range(1, K):
@@ -85,6 +92,7 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
             x = x0
         elif mode != "repeat":
             raise ValueError(mode)
+        x = film(t, x)
         for l, layer in enumerate(layers):
             if mode == "fla":
                 x = plain_layer(layer, rms(x + h), cfg)

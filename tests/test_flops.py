@@ -186,6 +186,7 @@ CASES = CASES + [(*c, *MID) for c in CASES] + [
     ("experiments/looped_moe.py:tiny", *PRELUDE_CODA, "--config.model.moe_dispatch=capacity",
      "--config.model.loss_loops=all"),
     ("experiments/flt.py:tiny", *PRELUDE_CODA, "--config.model.remat=loop"),
+    ("experiments/looped.py:tiny", "--config.model.loop_modulation=film", *MID),
 ]
 
 

@@ -14,6 +14,7 @@ from loopscale.config.schema import (
     FlopConvention,
     Injection,
     LoopDist,
+    LoopModulation,
     LossLoops,
     MeshConfig,
     MLPKind,
@@ -27,7 +28,7 @@ from loopscale.config.schema import (
 from loopscale.config.validate import parse, parse_model
 
 __all__ = [
-    "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LoopDist", "LossLoops",
+    "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LoopDist", "LoopModulation", "LossLoops",
     "MeshConfig", "MLPKind", "ModelConfig", "MoEDispatch", "Param", "Remat", "Schedule",
     "TrainConfig", "base_config", "load_config", "parse", "parse_model",
 ]

@@ -25,6 +25,7 @@ def base_config() -> ConfigDict:
             n_prelude=0,
             n_coda=0,
             injection="none",
+            loop_modulation="none",
             embed_norm=False,
             ffn="dense",
             mlp="swiglu",

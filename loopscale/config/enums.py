@@ -63,6 +63,13 @@ class Remat(enum.Enum):
     LOOP = "loop"
 
 
+class LoopModulation(enum.Enum):
+    """What tells the core which loop it is on (model/block.py `Loop`)."""
+
+    NONE = "none"
+    FILM = "film"  # a learned scale and shift per loop index on the core's input
+
+
 class LossLoops(enum.Enum):
     """Which loop boundaries the LM loss is taken at (averaged over them)."""
 

@@ -24,6 +24,7 @@ from loopscale.config.enums import (
     InitDist,
     Injection,
     LoopDist,
+    LoopModulation,
     LossLoops,
     MLPKind,
     MoEDispatch,
@@ -72,6 +73,9 @@ class ModelConfig:
     n_prelude: int
     n_coda: int
     injection: Injection
+    # film: x <- x * (1 + scale_t) + shift_t on loop t's start (Marin's per-iteration FiLM,
+    # LoopMoE's IterAdaLN); zero-initialised, so the model starts as without it.
+    loop_modulation: LoopModulation
     embed_norm: bool  # loop 1 starts from norm(e) (FLT code) instead of e
     ffn: FFNKind
     mlp: MLPKind

@@ -25,7 +25,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from loopscale.config.schema import FFNKind, Injection, ModelConfig, Remat
+from loopscale.config.schema import FFNKind, Injection, LoopModulation, ModelConfig, Remat
 from loopscale.model.attention import Attention
 from loopscale.model.ffn import MLP
 from loopscale.model.layers import RMSNorm, rms_norm
@@ -163,6 +163,8 @@ class Loop(nn.Module):
             Injection.REPEAT: lambda: x_prev_BxTxD,
         }
         x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD), lambda: e0_BxTxD)
+        if cfg.loop_modulation is LoopModulation.FILM:
+            x0_BxTxD = self._film(x0_BxTxD, t)
         x_BxTxD, ys = LayerStack(cfg, self.collect_layers, name="stack")(x0_BxTxD, h_BxTxD, inject,
                                                                           rope, edit)
         x32 = x_BxTxD.astype(jnp.float32)
@@ -174,3 +176,15 @@ class Loop(nn.Module):
             "residual_rms": jnp.sqrt(jnp.mean(jnp.square(x32))),
         }
         return x_BxTxD, ys
+
+    def _film(self, x_BxTxD, t):
+        """x * (1 + scale[t]) + shift[t], rows (n_loops, D) zero-initialised: the identity
+        until trained. Broadcast over the loop scan like every parameter of the core, indexed
+        by the loop (traced there); a loop past the trained count uses the last row."""
+        K, D = self.cfg.n_loops, self.cfg.d_model
+        init = nn.with_logical_partitioning(nn.initializers.zeros, ("loops", "embed"))
+        scale = self.param("film_scale", init, (K, D), jnp.float32)
+        shift = self.param("film_shift", init, (K, D), jnp.float32)
+        row = jnp.minimum(t, K - 1)
+        return (x_BxTxD * (1.0 + scale[row]).astype(x_BxTxD.dtype)
+                + shift[row].astype(x_BxTxD.dtype))

@@ -107,6 +107,9 @@ ROLE_OF_NAME = {
     "unembed": Role.READOUT,
     "router": Role.ROUTER,
     "scale": Role.NORM,
+    # FiLM's per-loop scale and shift (loop_modulation=film): vectors per loop, like a gain.
+    "film_scale": Role.NORM,
+    "film_shift": Role.NORM,
     "wq": Role.HIDDEN,
     "wk": Role.HIDDEN,
     "wv": Role.HIDDEN,

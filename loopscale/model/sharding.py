@@ -18,6 +18,7 @@ PARAM_RULES = (
     ("vocab", "tensor"),
     ("expert", "expert"),
     ("layers", None),
+    ("loops", None),  # per-loop parameters (loop_modulation=film), one row per loop index
 )
 # Activations: rows of the batch over every data-parallel axis (`expert` too, so expert-parallel
 # devices still split the batch); heads, FFN width and vocabulary over `tensor`.
