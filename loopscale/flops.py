@@ -115,21 +115,24 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     # FiLM (loop_modulation=film): a scale and a shift of width D per loop, part of the core;
     # each loop pass uses its own row.
     film = 2 * K * D if cfg.loop_modulation is LoopModulation.FILM else 0
-    unique = (once + L) * stored_layer + final_norm + film
-    active_nonemb = (once + K * L) * active_layer + final_norm + film
+    # Parcae's injection (injection=parcae): B (D x D), log_a and log_dt, used on every loop.
+    inject = D * D + 2 * D if cfg.injection is Injection.PARCAE else 0
+    unique = (once + L) * stored_layer + final_norm + film + inject
+    active_nonemb = (once + K * L) * active_layer + final_norm + film + K * inject
     return {
         "params_embedding": embedding,
         "params_embedding_in": V * D,
         "params_unembedding": D * V,
         "params_unique": unique,
-        "params_effective": (once + K * L) * stored_layer + final_norm + film,
+        "params_effective": (once + K * L) * stored_layer + final_norm + film + K * inject,
         "params_active": active_nonemb + embedding,
         "params_active_nonembedding": active_nonemb,
-        "params_active_stored": (once + L) * active_layer + final_norm + embedding + film,
+        "params_active_stored": ((once + L) * active_layer + final_norm + embedding + film
+                                 + inject),
         "params_total": embedding + unique,
         "params_once": embedding + final_norm + once * stored_layer,
-        "params_rec": L * stored_layer + film,
-        "params_rec_active": L * active_layer + film // K,
+        "params_rec": L * stored_layer + film + inject,
+        "params_rec_active": L * active_layer + film // K + inject,
     }
 
 
@@ -213,6 +216,7 @@ EW_ACTIVATION = {MLPKind.SWIGLU: 21, MLPKind.RELU2: 7, MLPKind.GELU: 42}
 EW_CROSS_ENTROPY = 4  # per logit: log-softmax and its gradient
 EW_SOFTCAP = 5  # per logit: divide, multiply, and the tanh derivative
 EW_FILM = 6  # per element of a loop's start: scale and shift, and their three gradients
+EW_PARCAE = 8  # per element of a loop's start: decay, add, and their gradients (measured)
 EW_DENSE_MASK = 4  # per element of the CPU ragged_dot expansion: 2 compares, and, select
 EW_GATHER = 10  # per assigned token and d_model: sort gather, unsort gather, combine, backward
 EW_ROUTER = 20  # per token and expert: softmaxes, one-hot load, both aux losses
@@ -288,7 +292,8 @@ def _loop_start_norms(cfg: ModelConfig, t: int) -> int:
     """Norms where loop t's stream starts: h = norm(x_prev), and for `input` norm(e + h)."""
     if t == 0:
         return 1 if cfg.embed_norm else 0
-    return {Injection.NONE: 1, Injection.INPUT: 2, Injection.REPEAT: 0}.get(cfg.injection, 1)
+    return {Injection.NONE: 1, Injection.INPUT: 2, Injection.REPEAT: 0,
+            Injection.PARCAE: 0}.get(cfg.injection, 1)
 
 
 def _reused_per_loop(cfg: ModelConfig) -> float:
@@ -330,6 +335,10 @@ def computed_flops_per_token(cfg: ModelConfig, seq_len: int,
     passes = [(cfg.n_prelude, 1), (cfg.n_coda, computed)]  # (layers, passes) outside the core
     total = K * L * train - (K - 1) * _reused_per_loop(cfg)
     film = EW_FILM * D if cfg.loop_modulation is LoopModulation.FILM else 0
+    if cfg.injection is Injection.PARCAE:
+        # B_bar e0 is the same on every loop: XLA computes its forward once in the unrolled
+        # step, its two backward matmuls once per loop (measured: 10 D^2 at 2 loops).
+        total += 2 * D * D + K * (4 * D * D + EW_PARCAE * D)
     for t in range(K):
         total += _loop_start_norms(cfg, t) * EW_NORM * D + film
         total += sum(_norms_per_layer_use(cfg, t, layer) for layer in range(L)) * norm * D

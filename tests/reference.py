@@ -79,7 +79,13 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
         row = min(t, cfg.n_loops - 1)
         return x * (1 + params["loop"]["film_scale"][row]) + params["loop"]["film_shift"][row]
 
-    x = film(0, x0)
+    def parcae(x_prev):  # exp(-dt exp(log_a)) x_prev + dt (e0 B^T), dt = exp(log_dt)
+        loop = params["loop"]
+        dt = jnp.exp(loop["parcae_log_dt"])
+        return (jnp.exp(-dt * jnp.exp(loop["parcae_log_a"])) * x_prev
+                + dt * (x0 @ loop["parcae_b"].T))
+
+    x = film(0, parcae(jnp.zeros_like(x0)) if mode == "parcae" else x0)
     for l, layer in enumerate(layers):  # loop 1: the plain stack on x_0^(1)
         x = edit(0, l, plain_layer(layer, x, cfg))
     for t in range(1, K):
@@ -90,6 +96,8 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
             x = rms(e + h)
         elif mode in ("attn_first", "fla", "flt"):
             x = x0
+        elif mode == "parcae":
+            x = parcae(x)
         elif mode != "repeat":
             raise ValueError(mode)
         x = film(t, x)

@@ -187,6 +187,8 @@ CASES = CASES + [(*c, *MID) for c in CASES] + [
      "--config.model.loss_loops=all"),
     ("experiments/flt.py:tiny", *PRELUDE_CODA, "--config.model.remat=loop"),
     ("experiments/looped.py:tiny", "--config.model.loop_modulation=film", *MID),
+    ("experiments/looped.py:tiny", "--config.model.injection=parcae", *MID),
+    ("experiments/flt.py:tiny", "--config.model.injection=parcae"),
 ]
 
 

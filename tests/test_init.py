@@ -73,7 +73,7 @@ def test_the_default_table_draws_the_init_from_before_it(case):
 
 
 def test_every_weight_has_an_init_role_naming_a_table_entry():
-    assert set(mup.INIT_ROLE_OF_NAME) == set(mup.ROLE_OF_NAME) - {"scale"}
+    assert set(mup.INIT_ROLE_OF_NAME) == set(mup.ROLE_OF_NAME) - mup.FIXED_INIT
     assert {r.value for r in mup.InitRole} == {f.name for f in dataclasses.fields(InitConfig)}
 
 

@@ -16,7 +16,8 @@ from loopscale.config import Injection, Remat
 from loopscale.config.schema import DType
 from loopscale.model import LoopedLM, StreamEdit, stack_layers, unstack_layers
 
-MODES = [m.value for m in Injection]
+# The modes without parameters of their own (parcae has its own: tests/test_loop_modulation.py).
+MODES = [m.value for m in Injection if m is not Injection.PARCAE]
 TOKENS = tokens()
 
 

@@ -20,6 +20,10 @@ class Injection(enum.Enum):
     # Plain repetition (the sparse-layers study): the residual stream runs on unchanged, so a
     # K-loop model is a K*L-layer model with tied weights.
     REPEAT = "repeat"
+    # Parcae (Prairie et al. 2026): every loop, loop 1 included, starts from
+    # exp(dt * A) x_prev + dt * B e0 (x_prev = 0 before loop 1), A = -exp(log_a) diagonal, so
+    # the state's decay lies in (0, 1) by construction (model/block.py `Loop._parcae`).
+    PARCAE = "parcae"
 
 
 class FFNKind(enum.Enum):

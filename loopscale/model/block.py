@@ -18,6 +18,7 @@ collected hidden states and the readout all see.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -163,6 +164,8 @@ class Loop(nn.Module):
             Injection.REPEAT: lambda: x_prev_BxTxD,
         }
         x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD), lambda: e0_BxTxD)
+        if cfg.injection is Injection.PARCAE:
+            x0_BxTxD = self._parcae(x_prev_BxTxD, t, e0_BxTxD)
         if cfg.loop_modulation is LoopModulation.FILM:
             x0_BxTxD = self._film(x0_BxTxD, t)
         x_BxTxD, ys = LayerStack(cfg, self.collect_layers, name="stack")(x0_BxTxD, h_BxTxD, inject,
@@ -176,6 +179,33 @@ class Loop(nn.Module):
             "residual_rms": jnp.sqrt(jnp.mean(jnp.square(x32))),
         }
         return x_BxTxD, ys
+
+    def _parcae(self, x_prev_BxTxD, t, e0_BxTxD):
+        """Parcae's stability-constrained injection (arXiv 2604.12946; its code's
+        `DiagonalInjection`): h_{t+1} = A_bar h_t + B_bar e + R(h_t, e) with
+        A = Diag(-exp(log_a)), A_bar = exp(dt A), B_bar = dt B, dt = exp(log_dt). Here the
+        loop's start is A_bar x_prev + B_bar e0 and the layers' residual updates are R. Every
+        entry of A_bar is exp(-dt exp(log_a)) in (0, 1) whatever log_a and log_dt are: the
+        spectral radius of the linear recurrence stays below 1 by construction. Initialised as
+        the code does: A = 1, B = I, dt so that A_bar = sqrt(1/5) (its `ssm_decay`). The state
+        before loop 1 is 0 (the code's `state_init=zero`; its default draws a random state at
+        every forward pass). log_a and log_dt are per channel (a gain's muP role); B is a
+        d_model x d_model matrix (a hidden weight's)."""
+        D = self.cfg.d_model
+        vector = nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))
+        log_a = self.param("parcae_log_a", vector, (D,), jnp.float32)
+        dt_init = nn.with_logical_partitioning(
+            nn.initializers.constant(math.log(-math.log(math.sqrt(1 / 5)))), ("embed",))
+        log_dt = self.param("parcae_log_dt", dt_init, (D,), jnp.float32)
+        b = self.param("parcae_b", nn.with_logical_partitioning(
+            lambda key, shape, dtype: jnp.eye(shape[0], dtype=dtype), ("embed", None)),
+            (D, D), jnp.float32)
+        dt = jnp.exp(log_dt)
+        decay = jnp.exp(-dt * jnp.exp(log_a))  # A_bar's diagonal
+        dtype = e0_BxTxD.dtype
+        state = select(t > 0, lambda: x_prev_BxTxD * decay.astype(dtype),
+                       lambda: jnp.zeros_like(x_prev_BxTxD))
+        return state + jnp.einsum("btd,ed->bte", e0_BxTxD, (b * dt[:, None]).astype(dtype))
 
     def _film(self, x_BxTxD, t):
         """x * (1 + scale[t]) + shift[t], rows (n_loops, D) zero-initialised: the identity

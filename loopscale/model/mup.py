@@ -110,6 +110,10 @@ ROLE_OF_NAME = {
     # FiLM's per-loop scale and shift (loop_modulation=film): vectors per loop, like a gain.
     "film_scale": Role.NORM,
     "film_shift": Role.NORM,
+    # Parcae's injection: per-channel decay and step (vectors), and its input matrix B.
+    "parcae_log_a": Role.NORM,
+    "parcae_log_dt": Role.NORM,
+    "parcae_b": Role.HIDDEN,
     "wq": Role.HIDDEN,
     "wk": Role.HIDDEN,
     "wv": Role.HIDDEN,
@@ -120,7 +124,13 @@ ROLE_OF_NAME = {
 }
 
 
-# Parameter leaf names -> init role (which entry of `model.init` draws it). Same names as above.
+# Weights whose start is fixed by what they mean, not drawn from `model.init`: norm gains (1),
+# FiLM's scale and shift (0: the identity), Parcae's injection (its authors' init, block.py).
+FIXED_INIT = frozenset({"scale", "film_scale", "film_shift", "parcae_log_a", "parcae_log_dt",
+                        "parcae_b"})
+
+# Parameter leaf names -> init role (which entry of `model.init` draws it). Same names as
+# above, but for FIXED_INIT.
 INIT_ROLE_OF_NAME = {
     "embedding": InitRole.EMBEDDING,
     "unembed": InitRole.HEAD,
