@@ -98,18 +98,23 @@ def test_one_loop_of_prelude_core_coda_is_the_plain_stack(parts):
 
 
 def test_moe_prelude_and_coda_join_the_auxiliary_losses():
-    """The load-balancing and router z-losses average over every MoE layer use: the core's
-    K x L and the prelude's and coda's, so a model with them differs from its core alone."""
-    cfg = tiny_model_config(ffn="moe", n_prelude=1, n_coda=1, n_loops=2,
+    """The load-balancing and router z-losses average over every MoE layer use, the prelude's
+    and coda's included: prelude 1 + core 2 (one loop) + coda 1 has the losses of the 4-layer
+    stack of those layers (a mean over the core's 2 uses alone would not)."""
+    cfg = tiny_model_config(ffn="moe", n_prelude=1, n_coda=1, n_loops=1,
                             moe_dispatch="capacity")
     params = init_params(cfg, TOKENS, jit=True)
+    stacked = jax.tree.map(lambda *p: jnp.concatenate(p), params["prelude"]["layers"],
+                           params["loop"]["stack"]["layers"], params["coda"]["layers"])
+    plain = {"embedding": params["embedding"], "unembed": params["unembed"],
+             "loop": {"stack": {"layers": stacked}}}
     out = apply(cfg, params)
-    core_only = {k: v for k, v in params.items() if k not in ("prelude", "coda")}
-    bare = dataclasses.replace(cfg, n_prelude=0, n_coda=0)
-    assert out.moe["lb_loss"].shape == (2, 2)  # the core's per loop and layer
-    uses = out.moe["lb_loss"].size + 2
-    assert float(out.lb_loss) * uses > float(jnp.sum(out.moe["lb_loss"]))
-    assert float(out.lb_loss) != pytest.approx(float(apply(bare, core_only).lb_loss), rel=1e-6)
+    stack = apply(dataclasses.replace(cfg, n_prelude=0, n_coda=0, n_unique=4), plain)
+    assert out.moe["lb_loss"].shape == (1, 2)  # the core's per loop and layer
+    for name in ("lb_loss", "router_z"):
+        np.testing.assert_allclose(getattr(out, name), getattr(stack, name), rtol=1e-5)
+        assert float(getattr(out, name)) != pytest.approx(float(jnp.mean(out.moe[name])))
+
 
 
 # sha256 (first 16 hex digits) of each family's tiny train step as lowered on one device

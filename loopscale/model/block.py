@@ -163,9 +163,11 @@ class Loop(nn.Module):
             Injection.INPUT: lambda: rms_norm(e_BxTxD + h_BxTxD, eps),
             Injection.REPEAT: lambda: x_prev_BxTxD,
         }
-        x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD), lambda: e0_BxTxD)
-        if cfg.injection is Injection.PARCAE:
+        if cfg.injection is Injection.PARCAE:  # its own start on loop 1 too
             x0_BxTxD = self._parcae(x_prev_BxTxD, t, e0_BxTxD)
+        else:
+            x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD),
+                              lambda: e0_BxTxD)
         if cfg.loop_modulation is LoopModulation.FILM:
             x0_BxTxD = self._film(x0_BxTxD, t)
         x_BxTxD, ys = LayerStack(cfg, self.collect_layers, name="stack")(x0_BxTxD, h_BxTxD, inject,

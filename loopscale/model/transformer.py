@@ -158,9 +158,9 @@ class LoopedLM(nn.Module):
             raise ValueError("per-loop parameters with truncated backpropagation")
         if self.scans_loops and cut:  # two scans over the same (broadcast) parameters
             frozen = jax.lax.stop_gradient(self.loop(e0_BxTxD, jnp.arange(cut), e_BxTxD,
-                                                     e0_BxTxD, rope, _loops(edit, 0, cut)))
+                                                     e0_BxTxD, rope, at(edit, slice(0, cut))))
             x_BxTxD, ys = self.loop(frozen[0], jnp.arange(cut, K), e_BxTxD, e0_BxTxD, rope,
-                                    _loops(edit, cut, K))
+                                    at(edit, slice(cut, K)))
             ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), frozen[1], ys)
         elif self.scans_loops:
             x_BxTxD, ys = self.loop(e0_BxTxD, jnp.arange(K), e_BxTxD, e0_BxTxD, rope, edit)
@@ -195,11 +195,6 @@ class LoopedLM(nn.Module):
             lb_loss=_mean_over_uses(moe, parts, "lb_loss") if moe else zero,
             router_z=_mean_over_uses(moe, parts, "router_z") if moe else zero,
         )
-
-
-def _loops(edit: StreamEdit | None, start: int, stop: int) -> StreamEdit | None:
-    """The edit's slices of loops start .. stop - 1 (leading axis: loops)."""
-    return None if edit is None else jax.tree.map(lambda a: a[start:stop], edit)
 
 
 def _mean_over_uses(core: dict, parts: list[dict], name: str) -> jax.Array:
