@@ -116,7 +116,8 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     # each loop pass uses its own row.
     film = 2 * K * D if cfg.loop_modulation is LoopModulation.FILM else 0
     # Parcae's injection (injection=parcae): B (D x D), log_a and log_dt, used on every loop.
-    inject = D * D + 2 * D if cfg.injection is Injection.PARCAE else 0
+    # Huginn's adapter (injection=concat): (2D x D), used on every loop.
+    inject = {Injection.PARCAE: D * D + 2 * D, Injection.CONCAT: 2 * D * D}.get(cfg.injection, 0)
     unique = (once + L) * stored_layer + final_norm + film + inject
     active_nonemb = (once + K * L) * active_layer + final_norm + film + K * inject
     return {
@@ -217,6 +218,7 @@ EW_CROSS_ENTROPY = 4  # per logit: log-softmax and its gradient
 EW_SOFTCAP = 5  # per logit: divide, multiply, and the tanh derivative
 EW_FILM = 6  # per element of a loop's start: scale and shift, and their three gradients
 EW_PARCAE = 8  # per element of a loop's start: decay, add, and their gradients (measured)
+EW_CONCAT = 12  # per element of a loop's start: the halves' sum and its gradients (measured)
 EW_DENSE_MASK = 4  # per element of the CPU ragged_dot expansion: 2 compares, and, select
 EW_GATHER = 10  # per assigned token and d_model: sort gather, unsort gather, combine, backward
 EW_ROUTER = 20  # per token and expert: softmaxes, one-hot load, both aux losses
@@ -293,7 +295,7 @@ def _loop_start_norms(cfg: ModelConfig, t: int) -> int:
     if t == 0:
         return 1 if cfg.embed_norm else 0
     return {Injection.NONE: 1, Injection.INPUT: 2, Injection.REPEAT: 0,
-            Injection.PARCAE: 0}.get(cfg.injection, 1)
+            Injection.PARCAE: 0, Injection.CONCAT: 0}.get(cfg.injection, 1)
 
 
 def _reused_per_loop(cfg: ModelConfig) -> float:
@@ -339,6 +341,10 @@ def computed_flops_per_token(cfg: ModelConfig, seq_len: int,
         # B_bar e0 is the same on every loop: XLA computes its forward once in the unrolled
         # step, its two backward matmuls once per loop (measured: 10 D^2 at 2 loops).
         total += 2 * D * D + K * (4 * D * D + EW_PARCAE * D)
+    if cfg.injection is Injection.CONCAT:
+        # The adapter's e half likewise (2 D^2 once, 4 D^2 a loop); its state half 6 D^2 a
+        # loop, less the gradient into loop 1's zero state (2 D^2): 10 K D^2 in all (measured).
+        total += K * (10 * D * D + EW_CONCAT * D)
     for t in range(K):
         total += _loop_start_norms(cfg, t) * EW_NORM * D + film
         total += sum(_norms_per_layer_use(cfg, t, layer) for layer in range(L)) * norm * D

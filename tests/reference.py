@@ -85,7 +85,11 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
         return (jnp.exp(-dt * jnp.exp(loop["parcae_log_a"])) * x_prev
                 + dt * (x0 @ loop["parcae_b"].T))
 
-    x = film(0, parcae(jnp.zeros_like(x0)) if mode == "parcae" else x0)
+    def concat(x_prev):  # Huginn's adapter: [x_prev; e0] W
+        return jnp.concatenate([x_prev, x0], axis=-1) @ params["loop"]["adapter"]
+
+    starts = {"parcae": parcae, "concat": concat}  # their own start on loop 1, from 0
+    x = film(0, starts[mode](jnp.zeros_like(x0)) if mode in starts else x0)
     for l, layer in enumerate(layers):  # loop 1: the plain stack on x_0^(1)
         x = edit(0, l, plain_layer(layer, x, cfg))
     for t in range(1, K):
@@ -96,8 +100,8 @@ def forward(params, tokens, cfg, n_loops=None, after_layer=None):
             x = rms(e + h)
         elif mode in ("attn_first", "fla", "flt"):
             x = x0
-        elif mode == "parcae":
-            x = parcae(x)
+        elif mode in starts:
+            x = starts[mode](x)
         elif mode != "repeat":
             raise ValueError(mode)
         x = film(t, x)

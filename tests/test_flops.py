@@ -189,6 +189,8 @@ CASES = CASES + [(*c, *MID) for c in CASES] + [
     ("experiments/looped.py:tiny", "--config.model.loop_modulation=film", *MID),
     ("experiments/looped.py:tiny", "--config.model.injection=parcae", *MID),
     ("experiments/flt.py:tiny", "--config.model.injection=parcae"),
+    ("experiments/looped.py:tiny", "--config.model.injection=concat", *MID),
+    ("experiments/flt.py:tiny", *PRELUDE_CODA, "--config.model.injection=concat"),
 ]
 
 

@@ -1,7 +1,8 @@
 """The core's own per-loop parameters (issue #24): per-loop modulation
 (model.loop_modulation=film, a learned scale and shift per loop index on the core's input,
 zero-initialised to the identity) and Parcae's stability-constrained injection
-(model.injection=parcae); each against the hand-written equations of tests/reference.py,
+(model.injection=parcae) and Huginn's concatenation adapter (model.injection=concat); each
+against the hand-written equations of tests/reference.py,
 scanned and unrolled, and past the trained count."""
 
 import dataclasses
@@ -126,3 +127,18 @@ def test_parcae_state_matrix_stays_contracting_through_training(parcae):
     radius = float(jnp.max(decay(params)))
     assert 0 < float(jnp.min(decay(params))) and radius < 1.0
     assert radius > np.sqrt(1 / 5) + 0.1  # it did move, towards 1
+
+
+def test_concat_matches_hand_written_equations():
+    """Huginn's adapter: every loop, the first from a zero state, starts from [x_prev; e] W
+    (W: 2 d_model x d_model, drawn as an input projection), with a prelude and a coda."""
+    cfg = tiny_model_config(injection="concat", n_prelude=1, n_coda=1)
+    params = init_params(cfg, TOKENS, jit=True)
+    w = params["loop"]["adapter"]
+    assert w.shape == (2 * cfg.d_model, cfg.d_model)
+    assert float(jnp.std(w)) == pytest.approx(cfg.init.attn_qkv.std or cfg.init_std, rel=0.1)
+    assert param_roles(params)["loop"]["adapter"] is Role.HIDDEN
+    assert_matches_hand_written(cfg, params)
+    assert flops.param_counts(cfg)["params_total"] == sum(x.size for x in jax.tree.leaves(params))
+    assert flops.param_counts(cfg)["params_rec"] == (
+        sum(x.size for x in jax.tree.leaves(params["loop"])))

@@ -16,8 +16,9 @@ from loopscale.config import Injection, Remat
 from loopscale.config.schema import DType
 from loopscale.model import LoopedLM, StreamEdit, stack_layers, unstack_layers
 
-# The modes without parameters of their own (parcae has its own: tests/test_loop_modulation.py).
-MODES = [m.value for m in Injection if m is not Injection.PARCAE]
+# The modes without parameters of their own (parcae and concat have theirs:
+# tests/test_loop_modulation.py).
+MODES = [m.value for m in Injection if m not in (Injection.PARCAE, Injection.CONCAT)]
 TOKENS = tokens()
 
 

@@ -24,6 +24,10 @@ class Injection(enum.Enum):
     # exp(dt * A) x_prev + dt * B e0 (x_prev = 0 before loop 1), A = -exp(log_a) diagonal, so
     # the state's decay lies in (0, 1) by construction (model/block.py `Loop._parcae`).
     PARCAE = "parcae"
+    # Huginn (Geiping et al. 2025, its `core_block_forward`): every loop, loop 1 included,
+    # starts from adapter([x_prev; e]) with a learned (2 d_model, d_model) adapter
+    # (x_prev = 0 before loop 1; model/block.py `Loop._concat`).
+    CONCAT = "concat"
 
 
 class FFNKind(enum.Enum):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from loopscale.config.schema import FFNKind, Injection, LoopModulation, ModelConfig, Remat
 from loopscale.model.attention import Attention
 from loopscale.model.ffn import MLP
-from loopscale.model.layers import RMSNorm, rms_norm
+from loopscale.model.layers import RMSNorm, rms_norm, weight
 from loopscale.model.moe import MoE
 
 
@@ -165,6 +165,8 @@ class Loop(nn.Module):
         }
         if cfg.injection is Injection.PARCAE:  # its own start on loop 1 too
             x0_BxTxD = self._parcae(x_prev_BxTxD, t, e0_BxTxD)
+        elif cfg.injection is Injection.CONCAT:  # likewise
+            x0_BxTxD = self._concat(x_prev_BxTxD, t, e0_BxTxD)
         else:
             x0_BxTxD = select(inject, starts.get(cfg.injection, lambda: e0_BxTxD),
                               lambda: e0_BxTxD)
@@ -208,6 +210,21 @@ class Loop(nn.Module):
         state = select(t > 0, lambda: x_prev_BxTxD * decay.astype(dtype),
                        lambda: jnp.zeros_like(x_prev_BxTxD))
         return state + jnp.einsum("btd,ed->bte", e0_BxTxD, (b * dt[:, None]).astype(dtype))
+
+    def _concat(self, x_prev_BxTxD, t, e0_BxTxD):
+        """Huginn's adapter (Geiping et al. 2025, arXiv 2502.05171; its code's
+        `core_block_forward`): x0 = [x_prev; e] W with W (2 d_model, d_model), on every loop.
+        Before loop 1 Huginn draws a random state; here it is 0 (deterministic: the same
+        tokens give the same logits), so loop 1 starts from e W_e. W is drawn as a hidden
+        input projection (`model.init.attn_qkv`); computed as two halves, x_prev W_s + e W_e,
+        which is the concatenated matmul term for term."""
+        cfg = self.cfg
+        D = cfg.d_model
+        w = weight(self, "adapter", (2 * D, D), ("embed", None), cfg)
+        dtype = e0_BxTxD.dtype
+        state = select(t > 0, lambda: x_prev_BxTxD, lambda: jnp.zeros_like(x_prev_BxTxD))
+        return (jnp.einsum("btd,de->bte", state, w[:D].astype(dtype))
+                + jnp.einsum("btd,de->bte", e0_BxTxD, w[D:].astype(dtype)))
 
     def _film(self, x_BxTxD, t):
         """x * (1 + scale[t]) + shift[t], rows (n_loops, D) zero-initialised: the identity

@@ -114,6 +114,8 @@ ROLE_OF_NAME = {
     "parcae_log_a": Role.NORM,
     "parcae_log_dt": Role.NORM,
     "parcae_b": Role.HIDDEN,
+    # Huginn's concatenation adapter (injection=concat): a hidden input projection.
+    "adapter": Role.HIDDEN,
     "wq": Role.HIDDEN,
     "wk": Role.HIDDEN,
     "wv": Role.HIDDEN,
@@ -135,6 +137,7 @@ INIT_ROLE_OF_NAME = {
     "embedding": InitRole.EMBEDDING,
     "unembed": InitRole.HEAD,
     "router": InitRole.ROUTER,
+    "adapter": InitRole.ATTN_QKV,
     "wq": InitRole.ATTN_QKV,
     "wk": InitRole.ATTN_QKV,
     "wv": InitRole.ATTN_QKV,
