@@ -49,8 +49,8 @@ def steps_for(m: ConfigDict, t: ConfigDict) -> int:
     parameter), in whole steps: 12,126 for `paper`, 4,848 for `small`. Computed for the preset's
     shape: with another d_model, n_unique or vocabulary, set --config.train.steps too. (The
     authors count a vocabulary padded to a multiple of 64, 151,680: one step more for `paper`.)"""
-    params = flops.param_counts(parse_model(m))["params_total"]
-    return TOKENS_PER_PARAM * params // (t.batch_size * t.seq_len)
+    return flops.steps_at_tokens_per_param(parse_model(m), t.batch_size * t.seq_len,
+                                           TOKENS_PER_PARAM)
 
 
 def get_config(arg: str | None = "tiny") -> ConfigDict:

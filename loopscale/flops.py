@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ml_collections import ConfigDict
+
 from loopscale.config.schema import (
     FFNKind,
     FlopConvention,
@@ -71,6 +73,7 @@ from loopscale.config.schema import (
     MoEDispatch,
     Remat,
 )
+from loopscale.config.validate import parse_model
 from loopscale.model.loss import loss_loop_indices
 from loopscale.model.moe import capacity
 
@@ -135,6 +138,18 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
         "params_rec": L * stored_layer + film + inject,
         "params_rec_active": L * active_layer + film // K + inject,
     }
+
+
+def steps_at_tokens_per_param(cfg: ModelConfig, tokens_per_step: int, ratio: float) -> int:
+    """Whole training steps for `ratio` tokens per stored parameter (params_total), the rule
+    the FLT study's and the middle-looped presets' step counts follow."""
+    return int(ratio * param_counts(cfg)["params_total"] // tokens_per_step)
+
+
+def steps_at_tokens_per_param_of(config: ConfigDict, ratio: float) -> int:
+    """`steps_at_tokens_per_param` of an experiment file's ConfigDict (its model and batch)."""
+    t = config.train
+    return steps_at_tokens_per_param(parse_model(config.model), t.batch_size * t.seq_len, ratio)
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = False) -> float:

@@ -138,20 +138,52 @@ def test_models_without_prelude_or_coda_trace_as_before(family):
     assert digest == TRACES_BEFORE_PARTS[family], f"{family}'s train step traces differently"
 
 
-def test_a_run_with_a_prelude_and_coda_trains_and_is_evaluated(tmp_path, capsys):
+def test_a_run_with_a_prelude_and_coda_trains_and_is_evaluated(tmp_path):
     """Trained by `loopscale train` (sharded over the test's 8 devices) and measured: held-out
-    loss at every exit, early exit with the prelude and coda in each exit's layer uses; a
-    measurement that reads only the core's layers refuses it in one line."""
+    loss at every exit, early exit with the prelude and coda in each exit's layer uses, the
+    JSD at every core depth, and routing on the core's layers numbered after the prelude's."""
     run = tmp_path / "run"
-    assert main(["train", "--config=experiments/looped.py:tiny", f"--workdir={run}",
+    assert main(["train", "--config=experiments/looped_moe.py:tiny", f"--workdir={run}",
                  "--config.model.n_prelude=1", "--config.model.n_coda=2",
+                 "--config.model.moe_dispatch=capacity",
                  "--config.train.steps=3", "--config.train.eval_every=0"]) == 0
-    assert main(["eval", f"--workdir={run}", "--what=ppl,early_exit", "--batches=2"]) == 0
-    ppl, exits = (json.loads((run / "eval" / f"{m}.json").read_text())
-                  for m in ("ppl", "early_exit"))
+    assert main(["eval", f"--workdir={run}", "--what=ppl,early_exit,jsd,routing",
+                 "--batches=2"]) == 0
+    ppl, exits, jsd, routing = (json.loads((run / "eval" / f"{m}.json").read_text())
+                                for m in ("ppl", "early_exit", "jsd", "routing"))
     assert len(ppl["loss_per_exit"]) == 2 and 3.0 < ppl["loss"] < 7.0
     assert exits["candidate_uses"] == [1 + 2 + 2, 1 + 4 + 2]  # prelude + t x core + coda
-    capsys.readouterr()
-    assert main(["eval", f"--workdir={run}", "--what=lens"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "prelude or coda" in err[0]
+    assert len(jsd["depth_mean"]) == 2 * 2  # the core's loops x layers
+    assert routing["layers"] == [2, 3] and routing["n_prelude"] == 1
+    assert len(routing["identical"]) == 2
+
+
+def test_every_core_layer_is_read_out_through_the_coda(parts):
+    """`through_coda` is what an exit reads: on the loop boundaries it gives `exit_hidden` of
+    all exits, so the last layer of the last loop read out is the model's logits; the lens
+    decodes each layer's stream this way and the JSD's depths are the exits' distributions
+    (one layer per loop: every depth is a loop boundary, JSD against the last exit)."""
+    from loopscale.evaluate import divergence, ladder
+    from loopscale.train.step import readout_fn
+
+    cfg, params = parts
+    cfg = dataclasses.replace(cfg, n_unique=1)
+    params = init_params(cfg, TOKENS, jit=True)
+    model = LoopedLM(cfg, collect_layers=True)
+    out = model.apply({"params": params}, TOKENS, exit_logits=True, all_exits=True)
+    decoded = model.apply({"params": params}, out.layer_hidden, method=LoopedLM.through_coda)
+    np.testing.assert_allclose(decoded[:, -1], out.exit_hidden, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(readout_fn(model, params)(decoded[-1, -1]), out.logits,
+                               rtol=1e-5, atol=1e-5)
+    pos = jnp.array([3, 7])  # the lens's answer positions, one per row
+    np.testing.assert_allclose(
+        ladder.answer_stream(params, TOKENS, pos, LoopedLM(cfg), cfg.n_loops, through_coda=True),
+        decoded[:, :, jnp.arange(2), pos], rtol=1e-5, atol=1e-5)
+    batch = {"inputs": TOKENS, "targets": TOKENS, "mask": jnp.ones(TOKENS.shape, bool)}
+    train = parse(load_config("experiments/looped.py:tiny", [])).train
+    sums = divergence.jsd_step(params, batch, model=LoopedLM(cfg), train=train,
+                               n_loops=cfg.n_loops)
+    logp = jax.nn.log_softmax(out.exit_logits, -1)
+    want = [float(jnp.sum(divergence._js_bits(logp[k], logp[-1])))
+            for k in range(cfg.n_loops - 1)]
+    np.testing.assert_allclose(sums["js_sum"], want, rtol=1e-4)

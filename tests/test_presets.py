@@ -75,3 +75,28 @@ def test_width_table(family):
             assert counts(spec)[0].d_model == width
     with pytest.raises(UsageError, match="not one of the study's budgets"):
         load_config(f"experiments/{family}.py:paper,3e18")
+
+
+@pytest.mark.parametrize("name,injection,millions", [("huginn", "concat", 108.0),
+                                                     ("parcae", "parcae", 107.7)])
+def test_middle_looped_presets(name, injection, millions):
+    """Huginn's 2-4-2 shape with its recurrence schedule (E[r] = 32 at `small`, 4 at `tiny`,
+    the last 8 / 2 loops backpropagated), differing in the injection alone; `small` ~100M
+    trained 20 tokens per stored parameter."""
+    from loopscale.train.loop_schedule import mean_loops
+
+    for size in ("tiny", "small"):
+        cfg = parse(load_config(f"experiments/{name}.py:{size}"))
+        m, t = cfg.model, cfg.train
+        assert (m.n_prelude, m.n_unique, m.n_coda) == (2, 4, 2)
+        assert m.injection.value == injection and t.loop_dist.value == "poisson_lognormal"
+        assert t.loop_sigma == 0.5 and m.n_loops == t.loop_mean + 1
+        assert t.bptt_loops == (8 if size == "small" else 2)
+        # The cap cuts the tail: the mean the planner spends budgets by is a little below E[r]
+        # (tiny 3.88 against 4 with the cap at 8).
+        assert 0.95 * m.n_loops < mean_loops(t, m.n_loops) < m.n_loops
+    p = flops.param_counts(m)
+    assert round(p["params_total"] / 1e6, 1) == millions and m.d_model // m.n_heads == 96
+    assert t.steps == 20 * p["params_total"] // (t.batch_size * t.seq_len)
+    with pytest.raises(ValueError, match="takes tiny or small"):
+        load_config(f"experiments/{name}.py:paper")

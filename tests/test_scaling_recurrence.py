@@ -5,6 +5,7 @@ every table is synthetic and every fit a few tens of milliseconds."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -222,3 +223,20 @@ def test_compute_optimal_loops():
     for pick in picks:
         assert pick.loss == min(full.optimal_loops(pick.budget, o, r, 4).loss
                                 for o, r in [(1e6, 5e6), (1e6, 5e7)])
+
+
+def test_the_committed_recurrence_sweep_is_what_the_law_fits():
+    """analysis/results/recurrence/ (sweeps/recurrence.py at CPU scale, 2026-12-05): its fit.json
+    is the law fitted to its results.csv, and its README's reading holds: phi not resolved
+    (the interval spans [0, 1]), beta's interval inside (0.2, 0.7), r = 1 compute-optimal."""
+
+
+    folder = Path(__file__).resolve().parent.parent / "analysis" / "results" / "recurrence"
+    committed = json.loads((folder / "fit.json").read_text())["recurrence"]
+    refit = rec.recurrence_json(tbl.read_table(str(folder / "results.csv")))
+    assert refit["n_runs"] == committed["n_runs"] == 22
+    for name in ("phi", "alpha", "beta", "E"):
+        assert refit[name] == pytest.approx(committed[name], rel=1e-3)
+    assert committed["phi_ci"][0] < 0.05 and committed["phi_ci"][1] > 0.95
+    assert 0.2 < committed["beta_ci"][0] < committed["beta_ci"][1] < 0.7
+    assert {o["n_loops"] for o in committed["optimal_loops"]} == {1}

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from loopscale import flops
 from loopscale.config import load_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import to_json
@@ -108,6 +109,33 @@ def test_every_sweep_file_plans_and_documents_its_command(path):
         shapes = {(r.config.model.n_unique, r.config.model.n_loops) for r in result.runs}
         assert len(shapes) == 2
         assert {r.config.train.intermediate_supervision for r in result.runs} == {False, True}
+    if path.endswith("recurrence.py"):
+        assert_recurrence_plan(result.runs, widths=(24, 32), budgets=(6e10, 2e11, 6e11))
+
+
+def assert_recurrence_plan(runs, widths, budgets):
+    """One backbone (prelude 1, core 2, coda 1) at r = 1, 2, 4, and the unique-layer baseline
+    at r = 4's depth, at every budget, each at a fixed loop count with full backpropagation;
+    the runs carry what the recurrence law fits (distinct (N_once, N_rec, r), several D)."""
+    shapes = {(r.config.model.n_prelude, r.config.model.n_unique, r.config.model.n_coda,
+               r.config.model.n_loops) for r in runs}
+    assert shapes == {(1, 2, 1, 1), (1, 2, 1, 2), (1, 2, 1, 4), (1, 8, 1, 1)}
+    assert {r.config.train.loop_dist.value for r in runs} == {"fixed"}
+    assert {r.config.train.bptt_loops for r in runs} == {0}
+    assert {r.config.model.d_model for r in runs} == set(widths)
+    for budget in budgets:
+        assert {r.family for r in runs if r.budget == budget} == {"r1", "r2", "r4", "unique"}
+    points = {(flops.param_counts(r.config.model)["params_once"],
+               flops.param_counts(r.config.model)["params_rec"], r.config.model.n_loops)
+              for r in runs}
+    assert len(points) == 4 * len(widths)
+
+
+def test_recurrence_paper_sweep_is_the_same_design_at_scale():
+    result = plan(load_sweep("sweeps/recurrence.py:paper"))
+    assert_recurrence_plan(result.runs, widths=(1024,), budgets=(1e18, 3e18, 1e19))
+    assert {r.config.model.vocab_size for r in result.runs} == {50257}
+    assert {r.config.model.injection.value for r in result.runs} == {"concat"}
 
 
 def test_permutation_paper_is_looped_4x8_against_32_unshared():

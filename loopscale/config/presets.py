@@ -116,3 +116,43 @@ def sparse_study(arg: str | None, family: str) -> ConfigDict:
         c.train.seq_len, c.train.batch_size, c.train.steps = 64, 8, 50
         c.train.warmup_steps = 5
     return c
+
+
+# Middle-looped models (Huginn, Parcae; PAPERS.md section 4): prelude 2 -> core 4 looped ->
+# coda 2, the loop count drawn per step from Huginn's log-normal Poisson with backpropagation
+# through the last iterations only. Per size: (d_model, heads, vocabulary, E[r] - 1 = loop_mean,
+# loop_max, bptt_loops, batch, sequence). `small` is ~100M parameters at Huginn's head size 96
+# and vocabulary (65,536) with its mean recurrence 32 and backpropagation depth 8; `tiny` the
+# CPU setting (byte-level text, d 64, mean recurrence 4, the last 2 loops backpropagated).
+MIDDLE_TOKENS_PER_PARAM = 20  # `small`'s training length
+MIDDLE_LOOPED = {
+    "tiny": (64, 4, 256, 3.0, 8, 2, 16, 128),
+    "small": (576, 6, 65536, 31.0, 64, 8, 256, 1024),
+}
+
+
+def middle_looped(arg: str | None, name: str, injection: str) -> ConfigDict:
+    """Huginn's 2-4-2 shape and recurrence schedule with `injection` (`concat`: Huginn's
+    adapter; `parcae`: Parcae's stability-constrained injection), at `tiny` or `small`.
+    n_loops, the count the model is evaluated at, is the schedule's mean E[r] = loop_mean + 1.
+    `small` trains in bfloat16 with a WSD schedule; its steps (20 tokens per stored parameter)
+    are set by the experiment file (flops.steps_at_tokens_per_param: flops sits above config)."""
+    size = arg or "tiny"
+    if size not in MIDDLE_LOOPED:
+        raise ValueError(f"experiments/{name}.py takes tiny or small, not {size!r}")
+    d, heads, vocab, loop_mean, loop_max, bptt, batch, seq = MIDDLE_LOOPED[size]
+    c = base_config()
+    c.name = name
+    m, t = c.model, c.train
+    m.n_prelude, m.n_unique, m.n_coda = 2, 4, 2
+    m.injection = injection
+    m.d_model, m.n_heads, m.head_dim, m.vocab_size = d, heads, d // heads, vocab
+    m.base_d_model = d
+    m.n_loops = int(loop_mean) + 1
+    t.loop_dist, t.loop_mean, t.loop_sigma = "poisson_lognormal", loop_mean, 0.5
+    t.loop_max, t.bptt_loops = loop_max, bptt
+    t.batch_size, t.seq_len = batch, seq
+    if size == "small":
+        m.dtype = "bfloat16"
+        t.schedule = "wsd"
+    return c

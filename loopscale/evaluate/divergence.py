@@ -2,9 +2,10 @@
 divergence (the sparse-layers study's convergence measure), per token, in bits (nats / ln 2,
 so 0..1).
 
-Depth points. After layer l of loop k the stream is read out through the model's own final
-norm and unembedding (the logit lens, `readout_fn`), at depth d = (k-1)*L + l for k = 1..K,
-l = 1..L: every layer of a model without loops (K = 1) and of a looped one alike, so the
+Depth points. After layer l of loop k of the core the stream is read out as an exit reads it:
+through the coda when the model has one (on whole sequences), then the model's own final norm
+and unembedding (the logit lens, `readout_fn`), at depth d = (k-1)*L + l for k = 1..K,
+l = 1..L (core layers only: a prelude's layers run before the loop and are not depth points): every layer of a model without loops (K = 1) and of a looped one alike, so the
 study's comparison (looped models converge earlier in depth) can be drawn on one axis. The
 loop boundaries are the depths k*L; their figures are also given per loop exit (`exits`,
 `mean`, `std`, `share_below`, exits 1..K-1, as before depth points were measured). The last
@@ -70,7 +71,9 @@ def jsd_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
     def sums(micro):
         out = model.apply({"params": params}, micro["inputs"], n_loops=n_loops, readout=False)
         K, L, B, T, D = out.layer_hidden.shape
-        hidden_NxBxTxD = out.layer_hidden.reshape(K * L, B, T, D)  # depth-major: (k-1)*L + l
+        # Each layer's stream as an exit reads it: through the coda, if any (whole sequences).
+        hidden = model.apply({"params": params}, out.layer_hidden, method=LoopedLM.through_coda)
+        hidden_NxBxTxD = hidden.reshape(K * L, B, T, D)  # depth-major: (k-1)*L + l
         mask_BxT = micro["mask"].astype(jnp.float32)
 
         def log_probs(h_BxcxD):

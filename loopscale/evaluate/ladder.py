@@ -47,11 +47,16 @@ def require_permutation(config: Config, what: str) -> None:
 
 
 def answer_stream(params, inputs_BxT: jax.Array, pos_B: jax.Array, model: LoopedLM,
-                  n_loops: int) -> jax.Array:
-    """(K, L, B, D): the stream after every layer of every loop at each row's answer position."""
+                  n_loops: int, through_coda: bool = False) -> jax.Array:
+    """(K, L, B, D): the stream after every layer of every loop of the core at each row's
+    answer position; `through_coda`: each stream passed through the coda first (the identity
+    without one), as the model's exits read it."""
     collecting = model.clone(collect_layers=True)  # the same parameters, every layer kept
     out = collecting.apply({"params": params}, inputs_BxT, n_loops=n_loops, readout=False)
-    return out.layer_hidden[:, :, jnp.arange(pos_B.shape[0]), pos_B]
+    hidden = out.layer_hidden
+    if through_coda:
+        hidden = collecting.apply({"params": params}, hidden, method=LoopedLM.through_coda)
+    return hidden[:, :, jnp.arange(pos_B.shape[0]), pos_B]
 
 
 def matched_every(model: ModelConfig, data: DataConfig) -> int:

@@ -1,8 +1,9 @@
 """`loopscale eval --what=lens`: the logit lens on permutation traversal (PAPERS.md section 3).
 
-The stream after every layer of every loop, at the answer position of held-out examples, is
-read out through the model's own final norm and unembedding (`LoopedLM.readout`, as the early
-exits are); for each hop j the share of examples whose argmax is the node after hop j, over all
+The stream after every layer of every loop of the core, at the answer position of held-out
+examples, is read out as the early exits are: through the coda when the model has one
+(`LoopedLM.through_coda`, on whole sequences), then the model's own final norm and unembedding
+(`LoopedLM.readout`); for each hop j the share of examples whose argmax is the node after hop j, over all
 examples and per walk length (ladder.py: points, hops, matched points, the summary and its
 scores). A model that walks the permutation one hop per loop shows a diagonal ladder on the
 iteration x hop map.
@@ -52,7 +53,7 @@ def counts(pred_KxLxB: jax.Array, batch) -> dict[str, jax.Array]:
 def lens_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int) -> dict:
     del train  # one position per example: no micro-batches or vocabulary chunks needed
     stream_KxLxBxD = ladder.answer_stream(params, batch["inputs"], batch["answer_pos"], model,
-                                          n_loops)
+                                          n_loops, through_coda=True)
     return counts(decode(params, stream_KxLxBxD, model), batch)
 
 

@@ -88,10 +88,5 @@ MEASURES = {
 # a JSON-able identity: suite.py records it and keeps a result only while it is unchanged. It
 # is computed before the checkpoint is loaded, so a bad task file is refused first.
 INPUTS = {Measure.MC: fingerprint}
-# The measurements that read only the looped core's layers as if they were the whole model: a
-# lens or a divergence reads each core layer's stream as the model's output, and routing
-# reports the core's layers only. A model with a prelude or a coda (model.n_prelude,
-# model.n_coda) is refused by them in one line until they read those parts too.
-CORE_ONLY = frozenset({Measure.JSD, Measure.ROUTING, Measure.LENS, Measure.PROBES})
 # The measurements that read held-out batches (`Loaded._held_out`): `--data` replaces them.
 READS_HELD_OUT = frozenset(Measure) - {Measure.MC}

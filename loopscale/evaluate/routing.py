@@ -1,7 +1,9 @@
 """MoE routing across loop passes on held-out tokens (the sparse-layers study's question: does
 a weight-shared MoE layer send a token to the same experts on every pass?).
 
-`routing_step` returns sums over a batch's tokens, per physical layer: how many tokens' top-k
+`routing_step` returns sums over a batch's tokens, per physical layer of the looped core
+(numbered after a prelude's layers; a prelude's or coda's layer runs once, with no pass to
+compare): how many tokens' top-k
 sets on consecutive passes are identical, overlap, or are disjoint (summed over the K-1 pass
 pairs), how many distinct experts each token uses across all K passes, and the assignments per
 (pass, layer, expert). The training metric `route_*` (train/diagnostics.py) is the same
@@ -93,7 +95,11 @@ def routing(run: Loaded) -> dict:
     shares = "; ".join(f"{key} {measured:.1%} (random {chance[key]:.1%})" for key, measured in
                        (("identical", identical.mean()), ("partial", partial.mean()),
                         ("disjoint", disjoint.mean())))
-    return {"n_loops": m.n_loops, "layers": list(range(1, m.n_unique + 1)), "top_k": m.top_k,
+    # The core's layers, numbered as the model's physical layers (after the prelude's): the
+    # prelude's and coda's run once per token, with no second pass to compare.
+    first = m.n_prelude + 1
+    return {"n_loops": m.n_loops, "layers": list(range(first, first + m.n_unique)),
+            "n_prelude": m.n_prelude, "n_coda": m.n_coda, "top_k": m.top_k,
             "n_experts": m.n_experts,
             "identical": identical.tolist(), "partial": partial.tolist(),
             "disjoint": disjoint.tolist(), "unique_experts": unique.tolist(),

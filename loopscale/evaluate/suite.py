@@ -20,7 +20,7 @@ import jax
 from loopscale.errors import UsageError
 from loopscale.evaluate import held_out
 from loopscale.evaluate.loaded import Loaded
-from loopscale.evaluate.measures import CORE_ONLY, INPUTS, MEASURES, READS_HELD_OUT, Measure
+from loopscale.evaluate.measures import INPUTS, MEASURES, READS_HELD_OUT, Measure
 from loopscale.files import read_json, write_atomic, write_json
 from loopscale.rundir.load import load_run
 from loopscale.rundir.run import CHECKPOINTS, EVAL, checkpoint_steps, read_config
@@ -82,12 +82,6 @@ def evaluate_run(rundir: str, what: Sequence[Measure], step: int | None = None,
             if n < 1:
                 raise UsageError(f"--batches must be at least 1, got {n}")
             loaded = Loaded(config, step, params, mesh, n, tuple(tasks), data, tuple(loop_counts))
-        m = loaded.config.model
-        if measure in CORE_ONLY and (m.n_prelude or m.n_coda):
-            raise UsageError(f"--what={measure.value} does not read a model with a prelude or "
-                             f"coda yet (model.n_prelude={m.n_prelude}, "
-                             f"model.n_coda={m.n_coda}); ppl, loops, early_exit, accuracy, "
-                             f"patching, act_grads and mc do")
         measure_fn, plot = MEASURES[measure]
         result = {"checkpoint_step": step, "batches": loaded.batches,
                   **({"inputs": inputs[measure]} if measure in inputs else {}),

@@ -112,6 +112,16 @@ class LoopedLM(nn.Module):
         y_BxTxD, ys = part(x_BxTxD, x_BxTxD, False, rope)
         return y_BxTxD.reshape(x_xBxTxD.shape), ys
 
+    def through_coda(self, x_xBxTxD: jax.Array) -> jax.Array:
+        """The coda on streams of the core (..., B, T, D), whole sequences (its attention reads
+        every earlier position); the identity without a coda. What an exit at any point of the
+        core reads: the lens and the JSD decode each layer's stream this way (Huginn's probing
+        of the recurrent state through its coda)."""
+        if self.coda is None:
+            return x_xBxTxD
+        rope = rope_tables(x_xBxTxD.shape[-2], self.cfg.d_head, self.cfg.rope_base)
+        return self._unlooped(self.coda, x_xBxTxD, rope)[0]
+
     def readout(self, x_xD: jax.Array,
                 lead: tuple[str | None, ...] = ("act_batch", "act_length")) -> jax.Array:
         """Final norm + unembedding (+ soft cap), shared by the last loop and every early exit.
