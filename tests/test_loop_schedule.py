@@ -128,3 +128,55 @@ def test_truncated_backpropagation_matches_the_hand_written_cut(bptt):
     model = LoopedLM(cfg)
     np.testing.assert_array_equal(model.apply({"params": params}, TOKENS, bptt_loops=bptt).logits,
                                   model.apply({"params": params}, TOKENS).logits)
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
+def test_one_compiled_step_serves_every_truncated_loop_count(scan):
+    """The shared step (model `frozen_loops`): r - k loops without a gradient in one while
+    loop whose trip count is an argument, then the k backpropagated ones. At r = k, k + 1 and
+    k + 3 it gives the per-count step's loss, gradients (every parameter: prelude, core with
+    Huginn's adapter and FiLM rows indexed by the real loop, coda) and per-loop residual norms
+    (the last r of its room, zeros before them), from one compile."""
+    base = tiny_model_config(injection="concat", n_prelude=1, n_coda=1, loop_modulation="film")
+    cfg = base if scan else unrolled(base)
+    params = init_params(base, TOKENS, jit=True)
+    if not scan:
+        params = unstack_layers(params, base.n_unique)
+    k, room = 2, 4
+
+    def loss(p, out):
+        return jnp.mean(out.logits ** 2), out.residual_norm
+
+    @jax.jit
+    def shared(p, frozen):
+        return jax.value_and_grad(lambda q: loss(q, LoopedLM(cfg).apply(
+            {"params": q}, TOKENS, n_loops=k, frozen_loops=frozen, max_frozen=room)),
+            has_aux=True)(p)
+
+    for r in (k, k + 1, k + 3):
+        (want, want_norms), want_grads = jax.value_and_grad(lambda q: loss(q, LoopedLM(cfg).apply(
+            {"params": q}, TOKENS, n_loops=r, bptt_loops=k)), has_aux=True)(params)
+        (got, norms), grads = shared(params, jnp.int32(r - k))
+        assert float(got) == pytest.approx(float(want), rel=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+                     grads, want_grads)
+        assert norms.shape == (room + k,) and not np.any(norms[:room + k - r])
+        np.testing.assert_allclose(norms[-r:], want_norms, rtol=1e-5)
+    assert shared._cache_size() == 1
+
+
+def test_which_schedules_share_a_compiled_step():
+    """Room for the largest count less bptt_loops where one step can serve them all; 0 (a step
+    per count) without truncation, without a cap on the count, or with an MoE core or a loss
+    at several loops."""
+    from loopscale.train.loop_schedule import shared_frozen_slots
+
+    huginn_tiny = parse(load_config("experiments/huginn.py:tiny"))
+    assert shared_frozen_slots(huginn_tiny) == 8 - 2
+    assert shared_frozen_slots(config("--config.train.loop_dist=uniform",
+                                      "--config.train.loop_choices=(1,2,5)",
+                                      "--config.train.bptt_loops=1")) == 4
+    for overrides in (["--config.train.bptt_loops=0"], ["--config.train.loop_max=0"],
+                      ["--config.model.ffn=moe"], ["--config.model.loss_loops=all"]):
+        assert shared_frozen_slots(parse(load_config("experiments/huginn.py:tiny",
+                                                     overrides))) == 0

@@ -22,7 +22,7 @@ from loopscale.config import load_config, parse
 from loopscale.data import permutation
 from loopscale.flops import flops_per_token
 from loopscale.model import LoopedLM
-from loopscale.train import diagnostics
+from loopscale.train import diagnostics, sharded_state
 from loopscale.train.optimizer import build_optimizer, scheduled_update
 from loopscale.files import write_json
 from loopscale.rundir.run import RunDirectory
@@ -407,7 +407,8 @@ SMALL = {"train.steps": 8, "train.batch_size": 4, "train.seq_len": 16, "train.ev
 
 
 def test_variable_loop_training(corpus, tmp_path):
-    # Seed 6 draws [2, 1, 2, 1, 1, 2]: two loop counts (two compiles), one of them a single loop.
+    # Seed 6 draws [2, 1, 2, 1, 1, 2]: two loop counts, one of them a single loop, and one
+    # compiled step for both (loop_schedule.shared_frozen_slots: room for 3 - 1 frozen loops).
     # Truncated backpropagation through the last loop: 2-loop steps run their first forward only.
     cfg = trainkit.config("looped", *corpus, **{**SMALL, "train.loop_choices": "(1,2,3)", "seed": 6,
                                                 "train.loop_dist": "uniform",
@@ -434,6 +435,7 @@ def test_variable_loop_training(corpus, tmp_path):
     # a resumed one) draws the same; a new seed draws others. (A second full run would only
     # repeat the compiles: the trainer holds no other source of randomness for this choice.)
     assert loops == [_loops_for_step(cfg, s) for s in range(6)] == [2, 1, 2, 1, 1, 2]
+    assert set(sharded_state.setup(cfg, ONE).compiled["train"]) == {("shared", 2)}
     reseeded = dataclasses.replace(cfg, seed=cfg.seed + 1)
     assert [_loops_for_step(reseeded, s) for s in range(32)] != \
         [_loops_for_step(cfg, s) for s in range(32)]

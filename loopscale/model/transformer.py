@@ -99,6 +99,7 @@ class LoopedLM(nn.Module):
                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
             )
         self.loop = loop_cls(cfg, self.collect_layers)
+        self.loop_cls = loop_cls  # the frozen loops apply it to the same parameters
         # Prelude and coda: one pass each, so loop remat treats each as one (`prevent_cse`:
         # outside any scan).
         part_cls = nn.remat(LayerStack) if cfg.remat is Remat.LOOP else LayerStack
@@ -111,6 +112,45 @@ class LoopedLM(nn.Module):
         x_BxTxD = x_xBxTxD.reshape(-1, *x_xBxTxD.shape[-2:])
         y_BxTxD, ys = part(x_BxTxD, x_BxTxD, False, rope)
         return y_BxTxD.reshape(x_xBxTxD.shape), ys
+
+    def _shared_truncated(self, e_BxTxD, e0_BxTxD, rope, K: int, frozen: jax.Array,
+                          max_frozen: int) -> tuple[jax.Array, dict]:
+        """`frozen` loops without a gradient, then K with one (`__call__`'s frozen_loops). The
+        frozen loops apply the loop module to stop_gradient'ed parameters and inputs inside a
+        lax.while_loop, whose trip count may be traced because nothing is differentiated
+        through it; the K loops run as the static path runs them, their indices offset."""
+        cfg, scans = self.cfg, self.scans_loops
+        params, e, e0 = jax.lax.stop_gradient(
+            (self.loop.variables["params"], e_BxTxD, e0_BxTxD))
+        loop = self.loop_cls(cfg, parent=None)  # unbound: applied to the params given
+
+        def body(carry):
+            x, t, norms, rms = carry
+            x, ys = loop.apply({"params": params}, x, t[None] if scans else t, e, e0, rope, None)
+            if scans:  # a scan of one loop
+                x, ys = x, jax.tree.map(lambda a: a[0], ys)
+            return x, t + 1, norms.at[t].set(ys["residual_norm"]), rms.at[t].set(
+                ys["residual_rms"])
+
+        zeros = jnp.zeros((max_frozen,), jnp.float32)
+        x_BxTxD, _, norms, rms = jax.lax.while_loop(
+            lambda c: c[1] < frozen, body, (e0, jnp.zeros((), jnp.int32), zeros, zeros))
+        # With no frozen loop the first loop starts from e0 itself, its gradient kept.
+        x_BxTxD = jnp.where(frozen > 0, x_BxTxD, e0_BxTxD)
+        ts = frozen + jnp.arange(K)
+        if scans:
+            x_BxTxD, ys = self.loop(x_BxTxD, ts, e_BxTxD, e0_BxTxD, rope, None)
+        else:
+            per_loop = []
+            for t in range(K):
+                x_BxTxD, y = self.loop(x_BxTxD, ts[t], e_BxTxD, e0_BxTxD, rope)
+                per_loop.append(y)
+            ys = stack_trees(per_loop)
+        # The frozen loops' norms rolled to end where the others begin: zeros first.
+        shift = max_frozen - frozen
+        return x_BxTxD, {**ys, **{name: jnp.concatenate([jnp.roll(front, shift), ys[name]])
+                                  for name, front in (("residual_norm", norms),
+                                                      ("residual_rms", rms))}}
 
     def through_coda(self, x_xBxTxD: jax.Array) -> jax.Array:
         """The coda on streams of the core (..., B, T, D), whole sequences (its attention reads
@@ -139,14 +179,20 @@ class LoopedLM(nn.Module):
     def __call__(self, tokens_BxT: jax.Array, n_loops: int | None = None,
                  exit_logits: bool = False, readout: bool = True,
                  edit: StreamEdit | None = None, all_exits: bool = False,
-                 bptt_loops: int = 0) -> ModelOutputs:
+                 bptt_loops: int = 0, frozen_loops: jax.Array | None = None,
+                 max_frozen: int = 0) -> ModelOutputs:
         """`readout=False` leaves the logits to the caller (model/loss.py projects the hidden
         states a few positions at a time, so the (B, T, V) logits never exist whole). `edit`:
         the residual-stream hook (module docstring), leading axes (n_loops, n_unique), on the
         core's layers. `all_exits`: the coda at every loop boundary (`exit_hidden`).
         `bptt_loops` = k (0: off): truncated backpropagation, the gradient through the last k
         loops only; the loops before them run as constants (their outputs stop_gradient'ed,
-        the stream entering loop K - k included)."""
+        the stream entering loop K - k included). `frozen_loops` (a traced count, at most
+        `max_frozen`): truncated backpropagation with the frozen count an argument, so one
+        compiled step serves every loop count: that many loops run first without a gradient
+        (one while loop), then the `n_loops` loops the gradient goes through, numbered after
+        them; loop_hidden holds those `n_loops`, residual_norm and residual_rms all
+        `max_frozen + n_loops` entries, zeros first, the real loops last."""
         cfg = self.cfg
         K = n_loops or cfg.n_loops
         dtype = jnp.bfloat16 if cfg.dtype is DType.BFLOAT16 else jnp.float32
@@ -164,9 +210,14 @@ class LoopedLM(nn.Module):
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
         cut = K - bptt_loops if 0 < bptt_loops < K else 0  # loops run without a gradient
-        if self.per_loop_params and cut:
+        if self.per_loop_params and (cut or frozen_loops is not None):
             raise ValueError("per-loop parameters with truncated backpropagation")
-        if self.scans_loops and cut:  # two scans over the same (broadcast) parameters
+        if frozen_loops is not None:
+            if cut or edit is not None or self.collect_layers:
+                raise ValueError("frozen_loops with bptt_loops, a stream edit or every layer")
+            x_BxTxD, ys = self._shared_truncated(e_BxTxD, e0_BxTxD, rope, K, frozen_loops,
+                                                 max_frozen)
+        elif self.scans_loops and cut:  # two scans over the same (broadcast) parameters
             frozen = jax.lax.stop_gradient(self.loop(e0_BxTxD, jnp.arange(cut), e_BxTxD,
                                                      e0_BxTxD, rope, at(edit, slice(0, cut))))
             x_BxTxD, ys = self.loop(frozen[0], jnp.arange(cut, K), e_BxTxD, e0_BxTxD, rope,

@@ -9,8 +9,16 @@ planner spends budgets by.
 
 Each step's draw is a function of (seed, step) alone (numpy's generator seeded with both), so a
 resumed run draws what the interrupted one would have, and the FLOPs spent so far are
-recomputed from the steps (train/step_log.py). Each distinct count compiles its own train step
-(the loop scan's length is static); the trainer keeps them all.
+recomputed from the steps (train/step_log.py).
+
+Compiled steps. The loop scan's length is static, so each distinct count compiles its own
+train step, unless the schedule backpropagates through a fixed number of loops (Huginn's):
+then the loops before them run without a gradient in one while loop whose trip count is an
+argument (model/transformer.py `frozen_loops`), and one compiled step serves every count from
+bptt_loops to the schedule's largest (`shared_frozen_slots`); a count below bptt_loops compiles
+its own. Where that does not hold (no cap on the count, an MoE core, whose auxiliary losses
+average over every loop's use, a loss at several loops, intermediate supervision), each count
+compiles its own step.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import numpy as np
 import scipy.stats
 
 from loopscale import flops as flops_lib
-from loopscale.config.schema import Config, FlopConvention, LoopDist, TrainConfig
+from loopscale.config.schema import (Config, FFNKind, FlopConvention, LoopDist, LossLoops,
+                                     TrainConfig)
 
 
 def loops_for_step(train: TrainConfig, n_loops: int, seed: int, step: int) -> int:
@@ -37,6 +46,18 @@ def loops_for_step(train: TrainConfig, n_loops: int, seed: int, step: int) -> in
     tau = rng.lognormal(math.log(train.loop_mean) - sigma ** 2 / 2, sigma)
     r = int(rng.poisson(tau)) + 1
     return min(r, train.loop_max) if train.loop_max else r
+
+
+def shared_frozen_slots(config: Config) -> int:
+    """The frozen loops one shared train step makes room for (the largest count less
+    bptt_loops), or 0 where every count compiles its own step (module docstring)."""
+    t, m = config.train, config.model
+    if not t.bptt_loops or t.loop_dist is LoopDist.FIXED or t.intermediate_supervision:
+        return 0
+    if m.ffn is FFNKind.MOE or m.loss_loops is not LossLoops.LAST:
+        return 0
+    largest = max(t.loop_choices) if t.loop_dist is LoopDist.UNIFORM else t.loop_max
+    return max(largest - t.bptt_loops, 0)
 
 
 def mean_loops(train: TrainConfig, n_loops: int) -> float:

@@ -104,10 +104,13 @@ def abstract_state(s: Setup):
     return abstract_like(jax.eval_shape(lambda: init_state(s)), s.state_shardings)
 
 
-def jit_train_step(s: Setup, n_loops: int):
-    """The train step as it runs: explicit shardings, the state donated (one per loop count)."""
+def jit_train_step(s: Setup, n_loops: int, max_frozen: int = 0):
+    """The train step as it runs: explicit shardings, the state donated (one per loop count;
+    with `max_frozen`, the step shared across loop counts, which takes the frozen count as a
+    fourth argument: loop_schedule.shared_frozen_slots)."""
     step = functools.partial(train_step, model=s.model, tx=s.tx, train=s.config.train,
-                             n_loops=n_loops)
-    return jax.jit(step, in_shardings=(s.state_shardings, s.batch_sharding,
-                                       mesh_lib.replicated(s.mesh)),
+                             n_loops=n_loops, max_frozen=max_frozen)
+    scalar = mesh_lib.replicated(s.mesh)
+    return jax.jit(step, in_shardings=(s.state_shardings, s.batch_sharding, scalar,
+                                       *((scalar,) if max_frozen else ())),
                    out_shardings=(s.state_shardings, None), donate_argnums=0)

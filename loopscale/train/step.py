@@ -7,6 +7,7 @@ held-out evaluation step that the trainer runs is train/eval_loss.py.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -73,15 +74,20 @@ def _supervises_layers(batch, train: TrainConfig) -> bool:
 
 
 def loss_fn(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
-            edit: StreamEdit | None = None):
+            edit: StreamEdit | None = None, frozen_loops: jax.Array | None = None,
+            max_frozen: int = 0):
     """The training loss: `objective` of the model's forward pass at `n_loops` loops. Every
     train step and XLA's FLOP count (evaluate/xla_cost.py) differentiate this function; the
-    activation gradients (act_grad_norms) differentiate it with respect to a zero `edit.add`."""
+    activation gradients (act_grad_norms) differentiate it with respect to a zero `edit.add`.
+    `frozen_loops` (traced, at most `max_frozen`): the step shared by every loop count of a
+    truncated schedule (loop_schedule.shared_frozen_slots): that many loops without a gradient,
+    then `n_loops` = train.bptt_loops with one."""
     if _supervises_layers(batch, train):
         model = model.clone(collect_layers=True)
     out = model.apply({"params": params}, batch["inputs"], n_loops=n_loops, readout=False,
                       edit=edit, all_exits=_supervises_loops(batch, train),
-                      bptt_loops=train.bptt_loops)
+                      bptt_loops=0 if frozen_loops is not None else train.bptt_loops,
+                      frozen_loops=frozen_loops, max_frozen=max_frozen)
     return objective(params, out, batch, model, train)
 
 
@@ -126,8 +132,10 @@ def micro_batches(batch, accum: int):
     return jax.tree.map(split, batch)
 
 
-def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
+              frozen_loops: jax.Array | None = None, max_frozen: int = 0):
+    grad_fn = functools.partial(jax.value_and_grad(loss_fn, has_aux=True),
+                                frozen_loops=frozen_loops, max_frozen=max_frozen)
     if train.grad_accum == 1:
         (loss, aux), grads = grad_fn(params, batch, model, train, n_loops)
         return loss, aux, grads
@@ -149,11 +157,14 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int):
         lambda g: g * scale, grads)
 
 
-def train_step(state: TrainState, batch, lr_factor: jax.Array, *, model: LoopedLM,
-               tx: optax.GradientTransformation, train: TrainConfig, n_loops: int):
+def train_step(state: TrainState, batch, lr_factor: jax.Array, frozen_loops=None, *,
+               model: LoopedLM, tx: optax.GradientTransformation, train: TrainConfig,
+               n_loops: int, max_frozen: int = 0):
     """One optimiser step; `lr_factor` is the schedule's multiplier lr_t / peak for this step
-    (an argument, so the compiled step does not depend on the schedule: optimizer.py)."""
-    loss, aux, grads = gradients(state.params, batch, model, train, n_loops)
+    (an argument, so the compiled step does not depend on the schedule: optimizer.py);
+    `frozen_loops` with `max_frozen`: the step shared across loop counts (`loss_fn`)."""
+    loss, aux, grads = gradients(state.params, batch, model, train, n_loops, frozen_loops,
+                                 max_frozen)
     updates, opt_state = scheduled_update(tx, grads, state.opt_state, state.params, lr_factor)
     params = optax.apply_updates(state.params, updates)
     layer_grads = grads["loop"]["stack"]

@@ -36,7 +36,7 @@ from loopscale.rundir.run import RunDirectory
 from loopscale.rundir.status import ExitCode, RunStatus
 from loopscale.train import diagnostics
 from loopscale.train.eval_loss import evaluate, jit_eval_step
-from loopscale.train.loop_schedule import loops_for_step
+from loopscale.train.loop_schedule import loops_for_step, shared_frozen_slots
 from loopscale.train.resume import restore
 from loopscale.train.sharded_state import (  # noqa: F401 (the last two: see the docstring)
     Setup, jit_train_step, setup, abstract_state, init_state)
@@ -215,12 +215,16 @@ def _held_out(s: Setup, state_metrics: StateMetrics, eval_ds):
 
 class _TrainSteps:
     """The compiled train step per loop count, compiled on first use into the step shape's
-    cache (s.compiled["train"], kept across runs), with the compile time this run spent."""
+    cache (s.compiled["train"], kept across runs), with the compile time this run spent. A
+    truncated schedule's counts from bptt_loops up share one step (key ("shared", its room for
+frozen loops)), which takes
+    the frozen count as an argument (loop_schedule.shared_frozen_slots)."""
 
     def __init__(self, s: Setup, throughput: Throughput):
         self.s, self.throughput = s, throughput
         self.fns = s.compiled.setdefault("train", {})
         self.compile_time = 0.0
+        self.max_frozen = shared_frozen_slots(s.config)
         # The schedule's multiplier for every step, evaluated once (not one small dispatch a step).
         self.lr_factors = np.asarray(jax.vmap(s.lr_factor)(jnp.arange(s.config.train.steps)),
                                      np.float32)
@@ -228,13 +232,20 @@ class _TrainSteps:
     def run(self, state, batch, step: int, n_loops: int):
         """Dispatches step `step`: (new state, its metrics on the device, its lr factor)."""
         lr_factor = self.lr_factors[step]
-        if n_loops not in self.fns:
+        k = self.s.config.train.bptt_loops
+        shared = self.max_frozen and n_loops >= k
+        # The shared step's shape depends on its room for frozen loops, which the schedule (a
+        # host-only field, not in the step shape the cache is keyed by) sets.
+        key, args = ((("shared", self.max_frozen), (np.int32(n_loops - k),)) if shared
+                     else (n_loops, ()))
+        if key not in self.fns:
             t0 = time.time()
-            self.fns[n_loops] = jit_train_step(self.s, n_loops).lower(state, batch,
-                                                                      lr_factor).compile()
+            jitted = (jit_train_step(self.s, k, self.max_frozen) if shared
+                      else jit_train_step(self.s, n_loops))
+            self.fns[key] = jitted.lower(state, batch, lr_factor, *args).compile()
             self.compile_time += time.time() - t0
             self.throughput.restart()
-        state, metrics = self.fns[n_loops](state, batch, lr_factor)
+        state, metrics = self.fns[key](state, batch, lr_factor, *args)
         return state, metrics, lr_factor
 
 
