@@ -156,6 +156,11 @@ def test_a_run_with_a_prelude_and_coda_trains_and_is_evaluated(tmp_path):
     assert len(jsd["depth_mean"]) == 2 * 2  # the core's loops x layers
     assert routing["layers"] == [2, 3] and routing["n_prelude"] == 1
     assert len(routing["identical"]) == 2
+    parts = routing["parts"]  # one pass each: each layer's share of assignments per expert
+    assert parts["prelude"]["layers"] == [1] and parts["coda"]["layers"] == [4, 5]
+    for part in parts.values():
+        load = np.asarray(part["load"])
+        assert load.shape == (len(part["layers"]), 8) and np.allclose(load.sum(-1), 1.0)
 
 
 def test_every_core_layer_is_read_out_through_the_coda(parts):

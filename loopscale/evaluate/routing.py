@@ -3,7 +3,7 @@ a weight-shared MoE layer send a token to the same experts on every pass?).
 
 `routing_step` returns sums over a batch's tokens, per physical layer of the looped core
 (numbered after a prelude's layers; a prelude's or coda's layer runs once, with no pass to
-compare): how many tokens' top-k
+compare, and routing.json's `parts` gives only its share of assignments per expert): how many tokens' top-k
 sets on consecutive passes are identical, overlap, or are disjoint (summed over the K-1 pass
 pairs), how many distinct experts each token uses across all K passes, and the assignments per
 (pass, layer, expert). The training metric `route_*` (train/diagnostics.py) is the same
@@ -49,6 +49,11 @@ def random_unique_experts(top_k: int, n_experts: int, n_loops: int) -> float:
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** n_loops)
 
 
+def _shares(load: np.ndarray) -> np.ndarray:
+    """Assignments per expert -> each expert's share of them (over the last axis)."""
+    return load / np.maximum(load.sum(-1, keepdims=True), 1.0)
+
+
 def routing_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops: int
                  ) -> dict[str, jax.Array]:
     cfg = model.cfg
@@ -69,6 +74,10 @@ def routing_step(params, batch, *, model: LoopedLM, train: TrainConfig, n_loops:
             "unique_sum": jnp.sum(jnp.sum(used, -1) * mask, axis=(1, 2)),  # (L,)
             "load": jnp.einsum("klbtje,bt->kle", onehot, mask),  # (K, L, E)
             "weight": jnp.sum(mask),
+            # The prelude's and coda's layers, one pass each: their assignments per expert.
+            **{f"load_{name}": jnp.einsum(
+                "lbtje,bt->le", jax.nn.one_hot(part["experts"], cfg.n_experts), mask)
+               for name, part in (out.moe_parts or {}).items()},
         }
 
     return summed_over_micro_batches(sums, batch, train.grad_accum)
@@ -87,8 +96,7 @@ def routing(run: Loaded) -> dict:
     s = run.sums(routing_step)
     pairs = np.maximum(np.asarray(s["pairs"]), 1.0)
     identical, disjoint = np.asarray(s["identical"]) / pairs, np.asarray(s["disjoint"]) / pairs
-    load = np.asarray(s["load"])  # (K, L, E)
-    share = load / np.maximum(load.sum(-1, keepdims=True), 1.0)
+    share = _shares(np.asarray(s["load"]))  # (K, L, E)
     unique = np.asarray(s["unique_sum"]) / max(float(s["weight"]), 1.0)
     chance = random_overlap(m.top_k, m.n_experts)
     partial = 1 - identical - disjoint
@@ -98,8 +106,14 @@ def routing(run: Loaded) -> dict:
     # The core's layers, numbered as the model's physical layers (after the prelude's): the
     # prelude's and coda's run once per token, with no second pass to compare.
     first = m.n_prelude + 1
+    # Their layers in the same numbering: the prelude's first, the coda's after the core's.
+    numbers = {"prelude": range(1, first), "coda": range(first + m.n_unique,
+                                                         first + m.n_unique + m.n_coda)}
+    parts = {name: {"layers": list(numbers[name]),
+                    "load": _shares(np.asarray(s[f"load_{name}"])).tolist()}
+             for name in ("prelude", "coda") if f"load_{name}" in s}
     return {"n_loops": m.n_loops, "layers": list(range(first, first + m.n_unique)),
-            "n_prelude": m.n_prelude, "n_coda": m.n_coda, "top_k": m.top_k,
+            "n_prelude": m.n_prelude, "n_coda": m.n_coda, "parts": parts, "top_k": m.top_k,
             "n_experts": m.n_experts,
             "identical": identical.tolist(), "partial": partial.tolist(),
             "disjoint": disjoint.tolist(), "unique_experts": unique.tolist(),

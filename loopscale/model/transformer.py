@@ -53,6 +53,9 @@ class ModelOutputs:
     residual_rms: jax.Array  # (K,) RMS of the stream per loop
     layer_hidden: jax.Array | None  # (K, L, B, T, D) when collect_layers
     moe: dict | None  # (K, L, ...) router statistics per loop and layer: expert_load, experts, ...
+    # The prelude's and coda's router statistics, {"prelude": ..., "coda": ...} with a leading
+    # layer axis (MoE models with those parts only); the coda's once per exit it ran at.
+    moe_parts: dict | None
     lb_loss: jax.Array  # load-balancing loss, mean over layer applications (0 for dense)
     router_z: jax.Array  # router z-loss, likewise
 
@@ -199,13 +202,13 @@ class LoopedLM(nn.Module):
         emb_mult = mup.scaling(mup.Role.EMBEDDING, cfg).forward_mult
         e_BxTxD = (jnp.take(self.embedding, tokens_BxT, axis=0) * emb_mult).astype(dtype)
         e_BxTxD = nn.with_logical_constraint(e_BxTxD, ("act_batch", "act_length", "act_embed"))
-        parts = []  # router statistics of the prelude and coda, for the auxiliary losses
+        parts = {}  # router statistics of the prelude and coda (auxiliary losses, routing)
         if self.prelude is not None:
             # Its own rotary tables (XLA merges them with the core's): computed here, the
             # tables would reorder a model without a prelude's program text.
             prelude_rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
             e_BxTxD, ys_prelude = self._unlooped(self.prelude, e_BxTxD, prelude_rope)
-            parts.append(ys_prelude)
+            parts["prelude"] = ys_prelude
         e0_BxTxD = rms_norm(e_BxTxD, cfg.norm_eps) if cfg.embed_norm else e_BxTxD
         rope = rope_tables(tokens_BxT.shape[1], cfg.d_head, cfg.rope_base)
 
@@ -239,7 +242,7 @@ class LoopedLM(nn.Module):
             every = all_exits or exit_logits or cfg.loss_loops is not LossLoops.LAST
             exit_hidden, ys_coda = self._unlooped(
                 self.coda, exit_hidden if every else exit_hidden[-1:], rope)
-            parts.append(ys_coda)
+            parts["coda"] = ys_coda
             x_BxTxD = exit_hidden[-1]
 
         moe = {k: ys[k] for k in ("expert_load", "experts", "dropped_frac", "lb_loss", "router_z") if k in ys}
@@ -253,8 +256,10 @@ class LoopedLM(nn.Module):
             residual_rms=ys["residual_rms"],
             layer_hidden=ys.get("layer_hidden"),
             moe=moe or None,
-            lb_loss=_mean_over_uses(moe, parts, "lb_loss") if moe else zero,
-            router_z=_mean_over_uses(moe, parts, "router_z") if moe else zero,
+            moe_parts={name: {k: ys[k] for k in moe} for name, ys in parts.items()}
+            if moe and parts else None,
+            lb_loss=_mean_over_uses(moe, list(parts.values()), "lb_loss") if moe else zero,
+            router_z=_mean_over_uses(moe, list(parts.values()), "router_z") if moe else zero,
         )
 
 
