@@ -94,12 +94,41 @@ class TrainJob:
     workdir: str
     overrides: tuple[str, ...] = ()  # "--config.a.b=v", as typed
     measure: str = ""  # `loopscale eval` names, comma-separated; "" measures nothing
+    allow_cpu: bool = False  # train an accelerator-sized run on a CPU all the same
 
     def argv(self) -> list[str]:
         """The arguments of `loopscale train` that run this job."""
         evals = [f"--eval={self.measure}"] if self.measure else []
         return [f"--config={self.experiment}", *self.overrides, f"--workdir={self.workdir}",
-                *evals]
+                *evals, *(["--allow-cpu"] if self.allow_cpu else [])]
+
+
+# A run planned to spend more training FLOPs than this is meant for an accelerator: on a CPU
+# it refuses unless --allow-cpu. At CPU_FLOPS (an assumed order of magnitude: `make bench`
+# measured loopscale's steps at 4-67 GFLOP/s on a 2-core CPU) 1e15 is about 14 hours; every
+# `tiny` preset plans at most 1.2e13 (FLT at 12 loops), every `small` and `paper` one 7e15 or
+# more (a `paper` preset's default 200 steps included).
+CPU_FLOPS_LIMIT = 1e15
+CPU_FLOPS = 2e10
+
+
+def refuse_on_cpu(config) -> None:
+    """UsageError in one line when this process would train an accelerator-sized run on CPUs
+    only (what a GPU node without the `gpu` extra silently does)."""
+    import jax
+
+    from loopscale.train.loop_schedule import planned_flops_per_token
+
+    if jax.default_backend() != "cpu":
+        return
+    t = config.train
+    total = planned_flops_per_token(config) * t.steps * t.batch_size * t.seq_len
+    if total > CPU_FLOPS_LIMIT:
+        hours = total / CPU_FLOPS / 3600
+        raise UsageError(
+            f"{config.name} plans {total:.2g} training FLOPs and JAX sees only CPUs (about "
+            f"{hours:,.0f} hours at {CPU_FLOPS:.0e} FLOP/s): install the gpu extra (make "
+            f"install-gpu) or run on a TPU, or pass --allow-cpu to train here anyway")
 
 
 def run(job: TrainJob, distributed: Distributed = Distributed()) -> int:
@@ -117,6 +146,8 @@ def run(job: TrainJob, distributed: Distributed = Distributed()) -> int:
     config = parse(load_config(job.experiment, list(job.overrides)))
     what = parse_what(job.measure, "--eval") if job.measure else ()
     distributed.initialize()
+    if not job.allow_cpu:
+        refuse_on_cpu(config)
     code = train(config, job.workdir)
     completed = RunStatus.of(read_summary(job.workdir)) is RunStatus.COMPLETED
     if what and code == ExitCode.OK and completed:

@@ -133,6 +133,11 @@ CATALOGUE = [
     # A sweep's status where there is no sweep.
     (["status", "--workdir={tmp}/none"], "holds no sweep (no plan.csv)"),
     (["status", "--workdir=gs://bucket/sweep"], "reads a local sweep directory, not gs://"),
+    # An accelerator-sized run where JAX sees only CPUs (a GPU node without the gpu extra).
+    (["train", "--config=experiments/base.py:paper", "--workdir={tmp}/run"],
+     "plans 7.7e+16 training FLOPs and JAX sees only CPUs"),
+    (["train", "--config=experiments/flt.py:small", "--workdir={tmp}/run"],
+     "or pass --allow-cpu to train here anyway"),
     # Asked to join a cluster where there is none to detect.
     (["train", "--config=experiments/base.py:tiny", "--workdir={tmp}/run", "--distributed"],
      "--distributed: no cluster found to join"),
@@ -149,6 +154,23 @@ def test_bad_input_exits_2_with_one_line(bad, tmp_path, capsys, args, phrase):
     assert len(lines) == 1, captured.err
     assert lines[0].startswith(f"loopscale {args[0]}: error: ") and phrase in lines[0], lines[0]
     assert list(tmp_path.iterdir()) == []  # nothing was started or written
+
+
+def test_allow_cpu_trains_an_accelerator_sized_run_here_all_the_same(tmp_path, monkeypatch):
+    """--allow-cpu passes the CPU gate (and travels in a job's argv, as a sweep relaunches
+    it); the training itself is replaced here, a paper run being days of CPU."""
+    from loopscale.job import TrainJob
+    from loopscale.train import trainer
+
+    started = []
+    monkeypatch.setattr(trainer, "train", lambda config, workdir: started.append(
+        (config.name, workdir)) or 0)
+    workdir = str(tmp_path / "run")
+    assert main(["train", "--config=experiments/base.py:paper", f"--workdir={workdir}",
+                 "--allow-cpu"]) == 0
+    assert started == [("base", workdir)]
+    assert "--allow-cpu" in TrainJob("experiments/base.py:paper", workdir,
+                                     allow_cpu=True).argv()
 
 
 def test_verbose_adds_the_traceback_of_the_cause(bad, capsys):

@@ -30,11 +30,14 @@ def register(subparsers) -> None:
     p.add_argument("--process-id", type=int, default=env.process_id)
     p.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() with cluster auto-detection")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="train a run planned past 1e15 FLOPs even where JAX sees only CPUs")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     job = TrainJob(args.config, args.workdir,
-                   tuple(o for o in args.overrides if o.startswith("--config.")), args.eval)
+                   tuple(o for o in args.overrides if o.startswith("--config.")), args.eval,
+                   args.allow_cpu)
     return run_job(job, Distributed(args.coordinator, args.num_processes, args.process_id,
                                     args.distributed))
