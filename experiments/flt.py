@@ -46,9 +46,9 @@ def authors_init(m: ConfigDict) -> None:
 
 def steps_for(m: ConfigDict, t: ConfigDict) -> int:
     """20 training tokens per parameter (target_param_data_ratio = 20 over every stored
-    parameter), in whole steps: 12,126 for `paper`, 4,848 for `small`. Computed for the preset's
-    shape: with another d_model, n_unique or vocabulary, set --config.train.steps too. (The
-    authors count a vocabulary padded to a multiple of 64, 151,680: one step more for `paper`.)"""
+    parameter, the padded vocabulary's rows included, as the authors count them), in whole
+    steps: 12,127 for `paper`, 4,848 for `small`. Computed for the preset's
+    shape: with another d_model, n_unique or vocabulary, set --config.train.steps too."""
     return flops.steps_at_tokens_per_param(parse_model(m), t.batch_size * t.seq_len,
                                            TOKENS_PER_PARAM)
 
@@ -69,6 +69,9 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
     c.train.warmup_steps = 0
     if size in ("paper", "small"):
         m.vocab_size, m.head_dim = QWEN_VOCAB, 128
+        # Stored padded to 151,680 rows, as the authors' code pads it (there to a multiple of
+        # 64; 128 gives the same and divides a vocabulary axis sharded up to 128 ways).
+        m.vocab_multiple = 128
         m.d_model, m.n_heads, m.n_unique = (768, 6, 12) if size == "paper" else (384, 3, 6)
         m.base_d_model = m.d_model
         authors_init(m)

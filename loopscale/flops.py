@@ -108,7 +108,7 @@ def layer_params(cfg: ModelConfig) -> dict[str, int]:
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Every parameter count of the module docstring, exact."""
     p = layer_params(cfg)
-    V, D, L, K = cfg.vocab_size, cfg.d_model, cfg.n_unique, cfg.n_loops
+    V, D, L, K = cfg.padded_vocab, cfg.d_model, cfg.n_unique, cfg.n_loops
     once = cfg.n_prelude + cfg.n_coda  # layers run once per token, outside the loop
     final_norm = D if cfg.norm_gain else 0
     shared = p["attention"] + p["norms"]
@@ -342,7 +342,7 @@ def computed_flops_per_token(cfg: ModelConfig, seq_len: int,
     first-layer keys and values XLA computes once (`_reused_per_loop`; a scanned step
     recomputes them every loop). Elementwise work uses the EW_* table (approximate).
     `ragged_dot_dense`: the MoE grouped matmul runs densely over all experts (CPU lowering)."""
-    D, V, K, L = cfg.d_model, cfg.vocab_size, cfg.n_loops, cfg.n_unique
+    D, V, K, L = cfg.d_model, cfg.padded_vocab, cfg.n_loops, cfg.n_unique
     norm = EW_NORM + (EW_GAIN if cfg.norm_gain else 0)
     train, forward, last = _layer_costs(cfg, seq_len, ragged_dot_dense)
     computed, in_loss = _readouts(cfg)

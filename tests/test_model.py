@@ -12,9 +12,13 @@ import pytest
 import reference
 from helpers import init_params, n_params, tiny_model_config, tokens, unrolled
 
-from loopscale.config import Injection, Remat
+from loopscale import flops
+from loopscale.config import Injection, Remat, load_config, parse
 from loopscale.config.schema import DType
+from loopscale.errors import UsageError
 from loopscale.model import LoopedLM, StreamEdit, stack_layers, unstack_layers
+from loopscale.train import sharded_state
+from loopscale.train.step import loss_fn
 
 # The modes without parameters of their own (parcae and concat have theirs:
 # tests/test_loop_modulation.py).
@@ -269,3 +273,39 @@ def test_identity_edit_is_bitwise_the_model_without_one(params_by_mode):
         edited = model.apply({"params": p}, TOKENS, edit=identity)
         for a, b in ((plain.logits, edited.logits), (plain.layer_hidden, edited.layer_hidden)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_padded_vocabulary_is_the_unpadded_model_on_its_real_rows():
+    """model.vocab_multiple: the vocabulary matrices stored with 29 rows rounded up to 32; the
+    padding's logits are masked out of the softmax (probability exactly 0, after the soft cap),
+    so with the same real rows the loss is the unpadded model's; an odd vocabulary that cannot
+    be split over mesh.tensor=2 can once padded."""
+    cfg = tiny_model_config(vocab_size=29, vocab_multiple=8, logit_softcap=15.0)
+    toks = tokens(vocab=29)
+    params = init_params(cfg, toks)
+    assert params["embedding"].shape == (32, cfg.d_model)
+    assert params["unembed"].shape == (cfg.d_model, 32)
+    assert flops.param_counts(cfg)["params_total"] == n_params(params)
+    plain = dataclasses.replace(cfg, vocab_multiple=1)
+    real = {**params, "embedding": params["embedding"][:29], "unembed": params["unembed"][:, :29]}
+    logits = LoopedLM(cfg).apply({"params": params}, toks).logits
+    assert float(jnp.max(jax.nn.softmax(logits)[..., 29:])) == 0.0
+    np.testing.assert_allclose(jax.nn.log_softmax(logits)[..., :29], jax.nn.log_softmax(
+        LoopedLM(plain).apply({"params": real}, toks).logits), atol=1e-6)
+    config = parse(load_config("experiments/base.py:tiny", ["--config.model.vocab_size=29"]))
+    batch = {"inputs": toks, "targets": jnp.roll(toks, 1, axis=1),
+             "mask": jnp.ones(toks.shape, bool)}
+    padded_model = dataclasses.replace(config.model, vocab_multiple=8)
+    padded = init_params(padded_model, toks)
+    cut = {**padded, "embedding": padded["embedding"][:29],
+           "unembed": padded["unembed"][:, :29]}
+    want = loss_fn(cut, batch, LoopedLM(config.model), config.train, 1)[0]
+    got = loss_fn(padded, batch, LoopedLM(padded_model), config.train, 1)[0]
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    tensor = ["--config.model.vocab_size=257", "--config.model.n_heads=2",
+              "--config.mesh.tensor=2"]
+    with pytest.raises(UsageError, match="cannot be split 2 ways.*vocab_multiple pads"):
+        sharded_state.setup(parse(load_config("experiments/base.py:tiny", tensor)))
+    s = sharded_state.setup(parse(load_config("experiments/base.py:tiny",
+                                              [*tensor, "--config.model.vocab_multiple=128"])))
+    assert s.config.model.padded_vocab == 384

@@ -17,6 +17,7 @@ def base_config() -> ConfigDict:
     c.model = ConfigDict(
         dict(
             vocab_size=256,
+            vocab_multiple=1,
             d_model=128,
             n_heads=2,
             head_dim=0,

@@ -63,6 +63,10 @@ class InitConfig:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
+    # The embedding and unembedding are stored with the vocabulary rounded up to a multiple of
+    # this (`padded_vocab`; the FLT authors pad 151,669 to 151,680), so that a sharded vocabulary
+    # axis divides; the padded logits are masked out of every softmax. 1: no padding.
+    vocab_multiple: int
     d_model: int
     n_heads: int
     head_dim: int  # 0: d_model // n_heads
@@ -110,6 +114,10 @@ class ModelConfig:
     # Accounting only (flops.py): whether params_active and the 6N FLOPs count the MoE routers'
     # weights. The sparse-layers study does not (its paper presets: false); the model has them.
     count_router: bool
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def d_head(self) -> int:

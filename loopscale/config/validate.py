@@ -79,7 +79,8 @@ def _build(cls: type, section: Any, where: str) -> Any:
 
 
 def _check_model(m: ModelConfig) -> None:
-    positive = ["vocab_size", "d_model", "n_heads", "n_unique", "n_loops", "base_d_model"]
+    positive = ["vocab_size", "vocab_multiple", "d_model", "n_heads", "n_unique", "n_loops",
+                "base_d_model"]
     for name in positive:
         if getattr(m, name) < 1:
             raise UsageError(f"model.{name}={getattr(m, name)} must be at least 1")

@@ -79,7 +79,7 @@ class LoopedLM(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        V, D = cfg.vocab_size, cfg.d_model
+        V, D = cfg.padded_vocab, cfg.d_model
         self.embedding = weight(self, "embedding", (V, D), ("vocab", "embed"), cfg)
         self.unembed = weight(self, "unembed", (D, V), ("embed", "vocab"), cfg, zero=cfg.zero_init_readout)
         self.final_norm = RMSNorm(cfg)
@@ -176,6 +176,9 @@ class LoopedLM(nn.Module):
                             preferred_element_type=jnp.float32) * mult
         if cfg.logit_softcap:
             logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+        if cfg.padded_vocab > cfg.vocab_size:  # the padding's logits out of every softmax
+            real = jnp.arange(cfg.padded_vocab) < cfg.vocab_size
+            logits = jnp.where(real, logits, jnp.finfo(logits.dtype).min)
         names = (None,) * (logits.ndim - 1 - len(lead)) + tuple(lead) + ("act_vocab",)
         return nn.with_logical_constraint(logits, names)
 

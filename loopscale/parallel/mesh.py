@@ -107,9 +107,11 @@ def check_divisible(abstract_params, shardings) -> None:
             axes = (axes,) if isinstance(axes, str) else axes or ()
             parts = math.prod(sharding.mesh.shape[a] for a in axes)
             if dim % parts:
-                raise UsageError(f"parameter {jax.tree_util.keystr(path)} of shape {x.shape} cannot "
-                                 f"be split {parts} ways over mesh axes {axes}; change the mesh "
-                                 f"or the model shape")
+                name = jax.tree_util.keystr(path)
+                hint = " (model.vocab_multiple pads the vocabulary)" if "embed" in name else ""
+                raise UsageError(f"parameter {name} of shape {x.shape} cannot be split {parts} "
+                                 f"ways over mesh axes {axes}; change the mesh or the model "
+                                 f"shape{hint}")
     jax.tree_util.tree_map_with_path(check, abstract_params, shardings)
 
 

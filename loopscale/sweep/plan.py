@@ -41,7 +41,7 @@ from loopscale.train.schedules import stable_end
 # before them: at that value a field is left out of the hash, so a sweep planned before it
 # existed keeps its run ids (and its finished runs) after an upgrade.
 HASH_NEUTRAL = {("model", "n_prelude"): 0, ("model", "n_coda"): 0,
-                ("model", "loop_modulation"): "none",
+                ("model", "vocab_multiple"): 1, ("model", "loop_modulation"): "none",
                 ("train", "loop_dist"): "fixed", ("train", "loop_mean"): 4.0,
                 ("train", "loop_sigma"): 0.5, ("train", "loop_max"): 0,
                 ("train", "bptt_loops"): 0}
