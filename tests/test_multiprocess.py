@@ -118,3 +118,64 @@ def test_distributed_with_no_cluster_is_one_line(monkeypatch):
     assert detected_cluster() is None
     with pytest.raises(UsageError, match="no cluster found to join"):
         Distributed(detect=True).initialize()
+
+
+def tpu_vm(monkeypatch, **env):
+    """This process as a Cloud TPU VM host to JAX's detectors (what it reads from the machine
+    at import), with `env` set and no other cluster's variables."""
+    from jax._src.clusters import cloud_tpu_cluster
+
+    monkeypatch.setattr(cloud_tpu_cluster, "running_in_cloud_tpu_vm", True)
+    for key in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST",
+                "MEGASCALE_COORDINATOR_ADDRESS", "TPU_PROCESS_ADDRESSES"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_distributed_detects_a_tpu_pod_slice_on_gke(monkeypatch):
+    """A TPU pod slice under GKE: the hosts from TPU_WORKER_HOSTNAMES, this one's id from
+    TPU_WORKER_ID; process 0's host coordinates on JAX's TPU port."""
+    from loopscale.job import detected_cluster
+
+    # Everything from the environment, as GKE's JobSet sets it; a metadata query would go to
+    # a closed loopback port and fail, never to the network.
+    tpu_vm(monkeypatch, TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost,h1,h2,h3",
+           TPU_WORKER_ID="2", MEGASCALE_NUM_SLICES="1", MEGASCALE_SLICE_ID="0",
+           MEGASCALE_COORDINATOR_ADDRESS="localhost", GCE_METADATA_IP="127.0.0.1:9")
+    assert detected_cluster() == ("GkeTpuCluster", "localhost:8482", 4, 2)
+
+
+def test_distributed_detects_a_tpu_pod_slice_from_its_metadata_server(monkeypatch):
+    """A TPU VM slice on GCE (as `gcloud ... tpu-vm ssh --worker=all` starts a run): JAX asks
+    the VM's metadata server; here one on loopback answers as a 2-slice v5p pod's host 1 of
+    slice 1 would (2 hosts a slice)."""
+    import http.server
+    import threading
+
+    from loopscale.job import detected_cluster
+
+    attributes = {"agent-worker-number": "1", "worker-network-endpoints": "localhost,h1",
+                  "tpu-env": "MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '1'\n"
+                             "MEGASCALE_COORDINATOR_ADDRESS: 'localhost'\n"}
+
+    class Metadata(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            key = self.path.rsplit("/", 1)[-1]
+            ok = self.headers.get("Metadata-Flavor") == "Google" and key in attributes
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(attributes.get(key, "").encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tpu_vm(monkeypatch, GCE_METADATA_IP=f"127.0.0.1:{server.server_address[1]}")
+        for key in ("TPU_SKIP_MDS_QUERY", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID"):
+            monkeypatch.delenv(key, raising=False)
+        assert detected_cluster() == ("GceTpuCluster", "localhost:8482", 4, 3)
+    finally:
+        server.shutdown()
