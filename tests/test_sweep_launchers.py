@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from loopscale.sweep import load_sweep
-from loopscale.sweep.launchers import ClusterOptions, script, train_args
+from loopscale.sweep.launchers import ClusterOptions, script, train_args, trunks_first
 from loopscale.sweep.packing import Need, parse_slice
 from loopscale.sweep.plan import plan
 from loopscale.sweep.sizing import Sized
@@ -40,8 +40,8 @@ def run_args_cases(text):
 
 
 def test_tpu_pod_script(runs, tmp_path):
-    """No sizes: every run on the whole slice, in plan order, as `loopscale train
-    --distributed` on every host."""
+    """No sizes: every run on the whole slice, in plan order but the cooldown branches after
+    every trunk (a phase of their own), as `loopscale train --distributed` on every host."""
     name, text = script("tpu-pod", "isoflop_cpu", runs, WORKDIR,
                         ClusterOptions(tpu_name="v4-32", zone="us-central2-b"))
     assert name == "tpu-pod.sh"
@@ -52,7 +52,10 @@ def test_tpu_pod_script(runs, tmp_path):
         assert cases[run.run_id] == train_args(run, WORKDIR)
         assert cases[run.run_id][-1] == f"--workdir={WORKDIR}/runs/{run.run_id}"
     phases = [line for line in text.splitlines() if line.startswith(("whole_slice ", "slot "))]
-    assert phases == ["whole_slice " + " ".join(run.run_id for run in runs)]
+    first, branches = trunks_first(runs)
+    assert branches and all(run.config.train.branch_from for run in branches)
+    assert phases == ["whole_slice " + " ".join(run.run_id for run in group)
+                      for group in (first, branches)]
     assert 'ssh_run "$id" all "" --distributed' in text and "--worker=\"$worker\"" in text
     assert 'TPU_NAME="${TPU_NAME:-v4-32}"' in text
 
@@ -141,6 +144,11 @@ def test_packed_script_runs_every_run_once_on_its_own_chips(tmp_path):
     # Every run exactly once, with its own arguments.
     launched = collections.Counter(c[-1] for c in first)
     assert launched == collections.Counter(f"--workdir={workdir}/runs/{r.run_id}" for r in runs)
+    # Every cooldown branch after its trunk (the trunks' phases end before a branch starts).
+    order = [c[-1].rsplit("/", 1)[-1] for c in first]
+    branches = trunks_first(runs)[1]
+    assert branches and all(order.index(b.config.train.branch_from) < order.index(b.run_id)
+                            for b in branches)
     need = {n.run_id: n for n in sized.needs}
     slots = collections.defaultdict(set)
     for host, chips, bounds, pbounds, port, addresses, task, allow, command, *args in first:
@@ -220,12 +228,13 @@ def test_slurm_script(runs, tmp_path):
                                        sbatch_args=("--account=lab",)))
     assert name == "slurm.sh"
     bash_n(text, tmp_path)
-    assert f"#SBATCH --array=0-{len(runs) - 1}%4" in text
+    first, branches = trunks_first(runs)
+    assert f"#SBATCH --array=0-{len(first) - 1}%4" in text  # the trunks; then the branches
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text
     assert "#SBATCH --account=lab" in text
     cases = re.findall(r"^  (\d+)\) RUN_ID=(\w+).*\n     ARGS=\((.*)\) ;;$", text, re.M)
     assert len(cases) == len(runs)
-    for (index, run_id, args), run in zip(cases, runs):
+    for (index, run_id, args), run in zip(cases, first + branches):
         assert run_id == run.run_id
         assert shlex.split(args) == train_args(run, WORKDIR)
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID=$SLURM_PROCID"):
@@ -257,12 +266,39 @@ def test_slurm_task_runs_its_command(runs, tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[1] == "node-a:12777 2 0"
-    assert out[2:] == ["train", *train_args(runs[1], str(tmp_path / "sweep"))]
+    first, branches = trunks_first(runs)
+    assert out[2:] == ["train", *train_args((first + branches)[1], str(tmp_path / "sweep"))]
+
+
+def test_slurm_script_submits_the_branches_after_the_trunks(runs, tmp_path):
+    """Run with bash outside an array task, a branched plan's script submits itself twice: the
+    trunks' tasks (its #SBATCH array), then the branches' with a dependency on that job; every
+    branch's trunk is among the first tasks."""
+    _, text = script("slurm", "isoflop_cpu", runs, str(tmp_path / "sweep"),
+                     ClusterOptions(parallel=3))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text('#!/usr/bin/env bash\necho "$*" >> "$RECORD"\n'
+                                    'echo "4242;cluster"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    path = tmp_path / "slurm.sh"
+    path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                       env={**env, "PATH": f"{bin_dir}:{env['PATH']}",
+                            "RECORD": str(tmp_path / "calls")})
+    assert r.returncode == 0, r.stderr
+    first, branches = trunks_first(runs)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == [f"--parsable {path}",
+                     f"--dependency=afterany:4242 --array={len(first)}-{len(runs) - 1}%3 {path}"]
+    assert f"#SBATCH --array=0-{len(first) - 1}%3" in text
+    assert {run.config.train.branch_from for run in branches} <= {run.run_id for run in first}
 
 
 def test_sweep_command_writes_or_prints_scripts(tmp_path):
     base = [sys.executable, "-m", "loopscale.cli", "sweep", "--sweep=sweeps/isoflop_cpu.py",
-            "--sweep.select=base", "--sweep.branches=False"]  # launch scripts: no branches yet
+            "--sweep.select=base"]
     dry = subprocess.run([*base, "--workdir=gs://b/x", "--launcher=slurm", "--dry-run"],
                          capture_output=True, text=True, cwd=os.getcwd())
     assert dry.returncode == 0, dry.stderr

@@ -132,10 +132,6 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
         sbatch_args=tuple(args.sbatch_arg))
     if args.nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
-    if any(run.config.train.branch_from for run in result.runs):
-        raise UsageError("cooldown branches (sweep.branches) run with the local runner only: "
-                         "the launch scripts do not yet start a branch after its trunk's "
-                         "checkpoint; plan with --sweep.branches=False for --launcher")
     sized = size(args, result)
     if sized:
         result = sized.plan  # plan.csv and run.json get the chips and step times too
@@ -162,6 +158,7 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
                      json.dumps(run.row, indent=2) + "\n")
     if sized:
         print("\n".join(wall_time_lines(sized, args.startup_s)))
-    how = "sbatch" if args.launcher == "slurm" else "bash"
+    branched = any(run.config.train.branch_from for run in result.runs)
+    how = "sbatch" if args.launcher == "slurm" and not branched else "bash"
     print(f"wrote {path} ({len(result.runs)} runs); launch it with `{how} {path}`")
     return 0

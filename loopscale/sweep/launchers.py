@@ -21,6 +21,13 @@ so a script (or a Slurm array task) can simply be run again. The workdir may be 
   `loopscale train` per node with JAX_COORDINATOR_ADDRESS (the first node of the allocation),
   JAX_NUM_PROCESSES (the number of nodes) and JAX_PROCESS_ID (SLURM_PROCID) set explicitly,
   which `loopscale train` reads.
+
+Cooldown branches (plan.py) start from their trunk's checkpoint, so both scripts run every
+trunk (and unbranched run) before any branch: the tpu-pod script's branch phases come after
+all trunk phases (each phase waits for the last); the slurm script, run with `bash`, submits
+the trunks' array and then the branches' array with `--dependency=afterany` on it (a branch
+whose trunk failed then fails in one line, its checkpoint missing, and runs again with the
+script once the trunk is retried).
 """
 
 from __future__ import annotations
@@ -60,6 +67,13 @@ def _join(path: str, *parts: str) -> str:
     return "/".join([path.rstrip("/"), *parts])
 
 
+def trunks_first(runs: Sequence[PlannedRun]) -> tuple[list[PlannedRun], list[PlannedRun]]:
+    """(every run that starts from scratch, trunks included; the cooldown branches), each in
+    plan order: the order a launcher must start them in."""
+    branches = [run for run in runs if run.config.train.branch_from]
+    return [run for run in runs if not run.config.train.branch_from], branches
+
+
 def train_args(run: PlannedRun, workdir: str) -> list[str]:
     """The arguments of `loopscale train` for one run (the same as the local runner's)."""
     return run.train_args(_join(workdir, "runs", run.run_id))
@@ -77,14 +91,19 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
     """The script of module docstring; `sized` (the runs' chips on a slice) packs them, and
     without it every run takes the whole slice in turn."""
     q = shlex.quote
+    groups = [group for group in trunks_first(runs) if group]  # branches after their trunks
     if sized is None:
-        plan_phases = [Phase(None, tuple(run.run_id for run in runs))]
+        plan_phases = [Phase(None, tuple(run.run_id for run in group)) for group in groups]
         how = "Runs every run in turn on all hosts of one TPU slice"
     else:
         slc = sized.slice
-        plan_phases = phases(slc, sized.needs)
+        need = {n.run_id: n for n in sized.needs}
+        plan_phases = [phase for group in groups
+                       for phase in phases(slc, [need[run.run_id] for run in group])]
         how = (f"Packs the runs onto the chips of {slc.name} ({slc.chips} chips, {slc.hosts} "
                f"host(s) of {slc.chips_per_host})")
+    if len(groups) > 1:
+        how += ", the cooldown branches after every trunk"
     chips = {n.run_id: n.chips for n in sized.needs} if sized else {}
     lines = [
         "#!/usr/bin/env bash",
@@ -236,7 +255,10 @@ def _run_args_function(runs: Sequence[PlannedRun], workdir: str,
 def slurm_script(name: str, runs: Sequence[PlannedRun], workdir: str,
                  o: ClusterOptions) -> str:
     q = shlex.quote
-    array = f"0-{len(runs) - 1}" + (f"%{o.parallel}" if o.parallel else "")
+    first, branches = trunks_first(runs)
+    runs = first + branches  # array indices: the trunks' first
+    limit = f"%{o.parallel}" if o.parallel else ""
+    array = f"0-{len(first) - 1}{limit}"
     sbatch = [f"--job-name=loopscale-{name}", f"--array={array}", f"--nodes={o.nodes}",
               "--ntasks-per-node=1", f"--time={o.time}", "--output=slurm-%x-%A_%a.out"]
     if o.gpus_per_node:
@@ -248,11 +270,28 @@ def slurm_script(name: str, runs: Sequence[PlannedRun], workdir: str,
         "#!/usr/bin/env bash",
         *(f"#SBATCH {s}" for s in sbatch),
         _header(name, runs, workdir, "One array task per run, one `loopscale train` per node:"
-                "\n#   sbatch slurm.sh"),
+                + ("\n#   bash slurm.sh   (submits the trunks, then the branches after them)"
+                   if branches else "\n#   sbatch slurm.sh")),
         "set -euo pipefail",
         f"REPO=\"${{REPO:-{o.repo}}}\"",
         f"LOOPSCALE=\"${{LOOPSCALE:-{o.loopscale}}}\"",
         "",
+    ]
+    if branches:
+        lines += [
+            f"# Run with bash (not in an array task): submit tasks 0-{len(first) - 1} (every run "
+            "that starts",
+            f"# from scratch), then {len(first)}-{len(runs) - 1} (the cooldown branches) once "
+            "they have all ended.",
+            "if [ -z \"${SLURM_ARRAY_TASK_ID:-}\" ]; then",
+            "  trunks=$(sbatch --parsable \"$0\")",
+            f"  sbatch --dependency=\"afterany:${{trunks%%;*}}\" "
+            f"--array={len(first)}-{len(runs) - 1}{limit} \"$0\"",
+            "  exit",
+            "fi",
+            "",
+        ]
+    lines += [
         "case \"${SLURM_ARRAY_TASK_ID:?submit this script with sbatch}\" in",
     ]
     for i, run in enumerate(runs):
