@@ -3,6 +3,7 @@ at every budget's branch point, and a short cooldown from each. A branch must tr
 what a standalone run with the same WSD schedule trains."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -190,6 +191,16 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
     assert all(p.stat().st_mtime_ns == t for p, t in before.items()  # nothing trained again
                # (the runner rewrites the first two, the demo the pilot's record and table)
                if p.name not in ("plan.csv", "sweep.lock", "pilot.json", "results.csv"))
-    # A launch script cannot order branches after trunks yet: refused in one line.
+    # A launch script starts the branches after the trunks: the Slurm script's first tasks are
+    # the trunks, the branches a second array submitted to wait for them.
+    capsys.readouterr()
     assert main(["sweep", f"--sweep={sweep_file}", f"--workdir={tmp_path / 'slurm'}",
-                 "--launcher=slurm", "--dry-run"]) == 2
+                 "--launcher=slurm", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    tasks = re.findall(r"^  (\d+)\) RUN_ID=(\w+)", text, re.M)
+    roles = {r["run_id"]: r["role"] for r in rows}
+    order = [roles[run_id] for _, run_id in tasks]
+    assert order == sorted(order, key=lambda role: role == "branch") and "branch" in order
+    trunks = order.count("trunk") + order.count("run")
+    assert f"#SBATCH --array=0-{trunks - 1}" in text
+    assert f'--dependency="afterany:${{trunks%%;*}}" --array={trunks}-{len(order) - 1}' in text
