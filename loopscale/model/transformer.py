@@ -131,7 +131,7 @@ class LoopedLM(nn.Module):
             x, t, norms, rms = carry
             x, ys = loop.apply({"params": params}, x, t[None] if scans else t, e, e0, rope, None)
             if scans:  # a scan of one loop
-                x, ys = x, jax.tree.map(lambda a: a[0], ys)
+                ys = jax.tree.map(lambda a: a[0], ys)
             return x, t + 1, norms.at[t].set(ys["residual_norm"]), rms.at[t].set(
                 ys["residual_rms"])
 
