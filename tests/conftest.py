@@ -1,6 +1,10 @@
 """Every test sees 8 virtual CPU devices (set before JAX initialises its backend); processes the
 tests start inherit them, and `trainkit.cpu_env(n)` gives a process n devices instead.
 
+Tests marked `gpu` need an NVIDIA GPU. They are deselected (not skipped: they are not part of
+this suite's verdict) unless LOOPSCALE_TEST_GPU=1, which runs only them, on JAX's default
+backend (benchmarks/gpu_check.sh sets it).
+
 XLA:CPU compiles at its default optimisation level. Tried and measured (2026-12-02): without
 LLVM's optimisations (--xla_backend_optimization_level=0) the compile-bound files got faster
 (tests/test_model.py 101 -> 64 s of CPU) but the run-bound ones far slower (the MoE coordinate
@@ -12,9 +16,11 @@ import os
 
 import pytest
 
+GPU_RUN = os.environ.get("LOOPSCALE_TEST_GPU") == "1"
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if not GPU_RUN:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loopscale.aot.topology import quiet_libtpu  # noqa: E402
 
@@ -22,7 +28,8 @@ quiet_libtpu()  # libtpu is installed for the TPU compile tests; keep its start-
 
 import jax  # noqa: E402
 
-jax.config.update("jax_platforms", "cpu")
+if not GPU_RUN:
+    jax.config.update("jax_platforms", "cpu")
 
 # The longest files first, in the order of their measured time (`--durations=0`, summed per
 # file, 2026-12-05): `make test` runs files on two workers (pytest-xdist, --dist loadfile),
@@ -46,6 +53,9 @@ def pytest_collection_modifyitems(session, config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's own order is kept
+    on_gpu = [bool(i.get_closest_marker("gpu")) for i in items]
+    config.hook.pytest_deselected(items=[i for i, g in zip(items, on_gpu) if g != GPU_RUN])
+    items[:] = [i for i, g in zip(items, on_gpu) if g == GPU_RUN]
 
 
 @pytest.fixture

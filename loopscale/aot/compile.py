@@ -19,6 +19,9 @@ What comes back, per chip:
   a1 a layer on a later loop (injection adds work there) and b1 a later loop's own work;
 - collectives: all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute
   read from the compiled HLO, count and bytes per step (extrapolated the same way).
+XLA's cost model does not price a custom kernel (splash attention's Pallas call, cuDNN's fused
+attention): its FLOPs and time are missing from the estimate, and `cost_warning` says so,
+naming the kernels found in the compiled program.
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ _COLLECTIVE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(",
     re.MULTILINE)
 _ARRAY_RE = re.compile(r"(\w+)\[([\d,]*)\]")
+# Custom calls that run a hand-written kernel, which XLA's cost model prices at nothing (a
+# Pallas/Mosaic TPU kernel; cuDNN's fused attention; a Pallas GPU kernel through Triton).
+_KERNEL_TARGETS = {"tpu_custom_call": "Pallas TPU kernel (splash attention)",
+                   "__cudnn$fmha": "cuDNN fused attention",
+                   "__gpu$xla.gpu.triton": "Pallas GPU kernel"}
+_CUSTOM_CALL_RE = re.compile(r'custom_call_target="([^"]+)"')
 
 
 def _measure_step(config: Config, step: str):
@@ -140,6 +149,16 @@ def collectives(hlo_text: str) -> dict:
     return out
 
 
+def unpriced_kernels(hlo_text: str) -> dict[str, int]:
+    """How many calls of each hand-written kernel (_KERNEL_TARGETS) a compiled HLO module has."""
+    found: dict[str, int] = {}
+    for target in _CUSTOM_CALL_RE.findall(hlo_text):
+        for prefix, name in _KERNEL_TARGETS.items():
+            if target.startswith(prefix):
+                found[name] = found.get(name, 0) + 1
+    return found
+
+
 def _prod(dims: str) -> int:
     n = 1
     for d in filter(None, dims.split(",")):
@@ -172,12 +191,14 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
     extrapolated from shallow unrolled compiles (module docstring)."""
     K, L = config.model.n_loops, config.model.n_unique
     points = [(1, 1), (1, 2)] + ([(2, 1), (2, 2)] if K > 1 else [])
-    figures = {}
+    figures, kernels = {}, {}
     for k, l in points:
         lowered, _ = lower(_shallow(config, k, l), devices, step)
         compiled = lowered.compile()
         cost = _cost(compiled)
-        coll = collectives(compiled.as_text())
+        hlo = compiled.as_text()
+        coll = collectives(hlo)
+        kernels.update(unpriced_kernels(hlo))
         figures[k, l] = {"flops": float(cost.get("flops", 0.0)),
                          "seconds": float(cost.get("optimal_seconds", 0.0)),
                          **{f"{op}/{key}": float(coll[op][key]) for op in COLLECTIVES
@@ -200,6 +221,10 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
         out["cost_warning"] = ("XLA's cost model gives a negative step time for this program "
                                "(measured for sort, the top_k custom call, and programs over "
                                "several slices)")
+    elif kernels:
+        out["cost_warning"] = (f"XLA's cost model does not price {' or '.join(sorted(kernels))}: "
+                               "its FLOPs and time are missing from xla_flops_per_chip, "
+                               "est_step_time_s and est_mfu, which are therefore optimistic")
     return out
 
 

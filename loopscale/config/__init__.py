@@ -7,6 +7,7 @@ dataclasses of schema.py, the enums of enums.py)."""
 from loopscale.config.defaults import base_config
 from loopscale.config.loader import load_config
 from loopscale.config.schema import (
+    AttentionImpl,
     Config,
     DataConfig,
     DataSource,
@@ -28,7 +29,8 @@ from loopscale.config.schema import (
 from loopscale.config.validate import parse, parse_model
 
 __all__ = [
-    "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention", "Injection", "LoopDist", "LoopModulation", "LossLoops",
+    "AttentionImpl", "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention",
+    "Injection", "LoopDist", "LoopModulation", "LossLoops",
     "MeshConfig", "MLPKind", "ModelConfig", "MoEDispatch", "Param", "Remat", "Schedule",
     "TrainConfig", "base_config", "load_config", "parse", "parse_model",
 ]

@@ -28,6 +28,7 @@ def base_config() -> ConfigDict:
             injection="none",
             loop_modulation="none",
             embed_norm=False,
+            attention="auto",
             ffn="dense",
             mlp="swiglu",
             d_ff=0,

@@ -30,6 +30,16 @@ class Injection(enum.Enum):
     CONCAT = "concat"
 
 
+class AttentionImpl(enum.Enum):
+    """How the attention core (scores, causal mask, softmax, values) is computed
+    (model/attention_core.py); every path computes the same function."""
+
+    AUTO = "auto"  # splash on TPU, cudnn on GPU with 16-bit activations, xla elsewhere
+    XLA = "xla"  # einsums, float32 scores of size T x S kept for the backward pass
+    SPLASH = "splash"  # the Pallas TPU kernel (Pallas interpret mode off TPU)
+    CUDNN = "cudnn"  # jax.nn.dot_product_attention(implementation="cudnn"): GPUs only
+
+
 class FFNKind(enum.Enum):
     DENSE = "dense"
     MOE = "moe"

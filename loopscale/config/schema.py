@@ -16,6 +16,7 @@ import math
 # Every enum a field is annotated with; `typing.get_type_hints` (validate.py) resolves the
 # annotations in this module's namespace.
 from loopscale.config.enums import (
+    AttentionImpl,
     Cooldown,
     DataSource,
     DType,
@@ -59,6 +60,10 @@ class InitConfig:
     router: InitSpec
     head: InitSpec  # the unembedding
 
+# model.attention=splash: the kernel's blocks are multiples of the TPU's 128 lanes, so the
+# sequence length must be one too (model/attention_core.py).
+SPLASH_LANES = 128
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -81,6 +86,7 @@ class ModelConfig:
     # LoopMoE's IterAdaLN); zero-initialised, so the model starts as without it.
     loop_modulation: LoopModulation
     embed_norm: bool  # loop 1 starts from norm(e) (FLT code) instead of e
+    attention: AttentionImpl  # the attention core's kernel (auto: the platform's own)
     ffn: FFNKind
     mlp: MLPKind
     d_ff: int  # 0: SwiGLU 64*ceil(8d/3/64), otherwise 4d

@@ -14,8 +14,9 @@ from typing import Any
 
 import ml_collections
 
-from loopscale.config.enums import FFNKind, LoopDist, Optimizer, Param, WeightDecay
-from loopscale.config.schema import Config, InitConfig, ModelConfig, TrainConfig
+from loopscale.config.enums import (AttentionImpl, DType, FFNKind, LoopDist, Optimizer, Param,
+                                     WeightDecay)
+from loopscale.config.schema import SPLASH_LANES, Config, InitConfig, ModelConfig, TrainConfig
 from loopscale.errors import UsageError
 
 
@@ -91,6 +92,9 @@ def _check_model(m: ModelConfig) -> None:
         raise UsageError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     if m.d_head % 2:
         raise UsageError(f"head size {m.d_head} must be even for rotary positions")
+    if m.attention is AttentionImpl.CUDNN and m.dtype is not DType.BFLOAT16:
+        raise UsageError(f"model.attention=cudnn needs model.dtype=bfloat16 (got "
+                         f"{m.dtype.value}): cuDNN's fused attention takes 16-bit inputs")
     if m.ffn is FFNKind.MOE and not 1 <= m.top_k <= m.n_experts:
         raise UsageError(f"model.top_k={m.top_k} must be between 1 and model.n_experts={m.n_experts}")
     if m.capacity_factor <= 0:
@@ -148,6 +152,9 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
         raise UsageError(f"train.optimizer=muon needs model.param=sp (got "
                          f"{config.model.param.value}): muP's LR multipliers are Adam's rules")
     _check_loop_schedule(t)
+    if config.model.attention is AttentionImpl.SPLASH and t.seq_len % SPLASH_LANES:
+        raise UsageError(f"model.attention=splash needs train.seq_len a multiple of "
+                         f"{SPLASH_LANES} (got {t.seq_len}): its blocks fill the TPU's lanes")
     if any(not isinstance(k, int) or not 1 <= k <= t.steps for k in t.keep_steps):
         raise UsageError(f"train.keep_steps={t.keep_steps} must be steps between 1 and "
                          f"train.steps={t.steps}")

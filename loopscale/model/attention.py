@@ -3,7 +3,8 @@
 Separate inputs are what attention injection needs (PAPERS.md section 1): on loop t >= 2 an
 injected layer takes its queries from the previous loop's output and its keys and values from
 its own input, with the layer's own W_Q/W_K/W_V, rotary positions and qk-norm on both, and the
-causal mask unchanged. Plain self-attention passes the same array twice.
+causal mask unchanged. Plain self-attention passes the same array twice. The core (scores,
+mask, softmax, values) is computed as `model.attention` says (attention_core.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 
 from loopscale.config.schema import ModelConfig
 from loopscale.model import mup
+from loopscale.model.attention_core import attend
 from loopscale.model.layers import apply_rope, rms_norm, weight
 
 
@@ -46,15 +48,7 @@ class Attention(nn.Module):
         q_BxTxHxK = nn.with_logical_constraint(
             q_BxTxHxK, ("act_batch", "act_length", "act_heads", "act_kv"))
 
-        # Logits and softmax in float32 whatever the activation dtype.
-        logits_BxHxTxS = jnp.einsum(
-            "bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32
-        ) * mup.attention_scale(cfg)
-        T, S = logits_BxHxTxS.shape[-2:]
-        causal_TxS = jnp.tril(jnp.ones((T, S), dtype=bool))
-        logits_BxHxTxS = jnp.where(causal_TxS, logits_BxHxTxS, jnp.finfo(jnp.float32).min)
-        probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-
-        out_BxTxHxK = jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
+        out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mup.attention_scale(cfg),
+                             cfg.attention)
         out_BxTxD = jnp.einsum("bthk,hkd->btd", out_BxTxHxK, wo.astype(dtype))
         return nn.with_logical_constraint(out_BxTxD, ("act_batch", "act_length", "act_embed"))

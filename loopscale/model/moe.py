@@ -23,13 +23,13 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from loopscale.config.schema import MLPKind, ModelConfig, MoEDispatch
 from loopscale.model import mup
 from loopscale.model.ffn import activate
 from loopscale.model.layers import weight
-from loopscale.model.sharding import BATCH_AXES
+from loopscale.model.sharding import free_batch_axes
 
 # Logical axis names of (w_up, w_gate, w_down).
 WeightAxes = tuple[tuple[str | None, ...], ...]
@@ -125,7 +125,7 @@ def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightA
     to the compiler. A batch the shards cannot split evenly (the trainer's one-row init batch)
     takes the global path, as does a single device."""
     mesh = jax.sharding.get_abstract_mesh()
-    axes = _batch_axes(mesh)
+    axes = free_batch_axes(mesh)
     shards = math.prod(mesh.shape[a] for a in axes)
     if shards == 1 or x_BxTxD.shape[0] % shards:
         return _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, n_experts)
@@ -144,12 +144,6 @@ def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightA
     return jax.shard_map(per_shard, mesh=mesh, in_specs=(batch, batch, batch, weight_specs),
                          out_specs=batch, axis_names=frozenset(axes))(
         x_BxTxD, experts_BxTxK, gates_BxTxK, weights)
-
-
-def _batch_axes(mesh: AbstractMesh) -> tuple[str, ...]:
-    """The mesh's data-parallel axes not already manual (none without a mesh in context), in
-    the order of the activations' batch sharding so entering the shard_map moves no data."""
-    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in mesh.manual_axes)
 
 
 def _manual_spec(names: tuple[str | None, ...], manual: tuple[str, ...]) -> PartitionSpec:

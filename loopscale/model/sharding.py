@@ -4,6 +4,8 @@ They live with the model (which names the axes, and whose dropless MoE shards ov
 axes) and are read by the trainer (parallel/mesh.py builds the mesh and puts the rules in context).
 """
 
+from jax.sharding import AbstractMesh
+
 AXES = ("data", "fsdp", "tensor", "expert")
 
 # Logical name -> mesh axes, tried in order; flax skips a mesh axis already used by an earlier
@@ -33,3 +35,9 @@ ACTIVATION_RULES = (
 )
 LOGICAL_RULES = PARAM_RULES + ACTIVATION_RULES
 BATCH_AXES = ACTIVATION_RULES[0][1]
+
+
+def free_batch_axes(mesh: AbstractMesh) -> tuple[str, ...]:
+    """The mesh's data-parallel axes not already manual (none without a mesh in context), in
+    the order of the activations' batch sharding, so a shard_map over them moves no data."""
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in mesh.manual_axes)
