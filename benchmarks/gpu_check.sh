@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU check, on one NVIDIA GPU, in under 8 minutes; no network needed:
+#
+#     benchmarks/gpu_check.sh [OUT_DIR]        # default runs/gpu_check
+#
+# writes OUT_DIR/gpu_check.json: the outcome of the test suite's gpu-marked tests (cuDNN
+# attention equal to the einsums; a train step's loss equal to the CPU's in bfloat16), then
+# Base and Looped :paper timed with cuDNN attention against the einsums, MoE :paper with
+# dropless against capacity dispatch, each with its MaxText-convention MFU, memory, and XLA's
+# estimated step time beside the measured one (loopscale/bench/gpu.py says how).
+#
+# Python: $PY if set, else .venv/bin/python when it exists, else python3 (a GPU image's JAX).
+# Packages that Python lacks travel as wheels in .whl/ (benchmarks/gpu_wheels.sh fetches them
+# on a machine with the package index); they are installed into a private folder first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu_check}
+mkdir -p "$out"
+py=${PY:-}
+if [ -z "$py" ]; then
+    if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    site=$(mktemp -d)
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+        .whl/*.whl || exit 2
+    export PYTHONPATH="$PYTHONPATH:$site"  # after the checkout, so the image's own JAX wins
+fi
+"$py" -c "import jax; print('gpu_check:', jax.__version__, jax.devices())" || exit 2
+# The tests' verdict goes into the JSON; the timings run whatever it is.
+LOOPSCALE_TEST_GPU=1 "$py" -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" \
+    tests/test_attention_core.py tests/test_gpu.py
+"$py" -m loopscale.bench.gpu --out="$out/gpu_check.json" --tests="$out/gpu_tests.xml" \
+    "${@:2}"
