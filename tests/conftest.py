@@ -42,7 +42,8 @@ LONGEST_FIRST = ("test_coordcheck.py", "test_train.py", "test_weak_scaling.py",
                  "test_compile.py", "test_model.py", "test_branches.py", "test_analysis.py",
                  "test_multiprocess.py", "test_eval_patching.py", "test_eval_lens.py",
                  "test_model_parts.py", "test_loop_schedule.py", "test_loop_modulation.py",
-                 "test_gpu.py", "test_attention_core.py", "test_sweep_plan.py", "test_scaling_holdout.py", "test_moe.py", "test_mup.py",
+                 "test_gpu.py", "test_attention_core.py", "test_sweep_plan.py",
+                 "test_scaling_holdout.py", "test_moe.py", "test_mup.py",
                  "test_init.py", "test_sweep_runner.py", "test_loss.py", "test_sweep_train.py",
                  "test_sweep_collect.py", "test_scaling_parametric.py")
 
