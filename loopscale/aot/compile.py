@@ -19,6 +19,9 @@ What comes back, per chip:
   a1 a layer on a later loop (injection adds work there) and b1 a later loop's own work;
 - collectives: all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute
   read from the compiled HLO, count and bytes per step (extrapolated the same way).
+Compiled for TPU, the step gets the launched runs' flags (parallel/xla_flags.py: collectives
+overlapped with compute), and `async_collectives` counts the collectives split into start/done
+pairs and how many of those have compute scheduled between the two.
 XLA's cost model does not price a custom kernel (splash attention's Pallas call, cuDNN's fused
 attention): its FLOPs and time are missing from the estimate, and `cost_warning` says so,
 naming the kernels found in the compiled program.
@@ -44,7 +47,7 @@ from loopscale.config.schema import DType, FFNKind, FlopConvention
 from loopscale.errors import UsageError
 from loopscale.train import eval_loss
 from loopscale.parallel import mesh as mesh_lib
-from loopscale.parallel import peaks
+from loopscale.parallel import peaks, xla_flags
 from loopscale.train import trainer
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -113,6 +116,13 @@ def lower(config: Config, devices, step: str = "train"):
         return eval_fn.lower(state.params, batch), s
 
 
+def compile_lowered(lowered, devices):
+    """The lowered step compiled with the flags of its devices' platform, as a launched run
+    compiles it (none on a CPU)."""
+    platform = next(iter(devices)).platform
+    return lowered.compile(compiler_options=xla_flags.compiler_options(platform))
+
+
 def memory(compiled) -> dict:
     m = compiled.memory_analysis()
     out = {
@@ -147,6 +157,32 @@ def collectives(hlo_text: str) -> dict:
         out[op]["count"] += 1
         out[op]["bytes"] += sum(sizes)  # a combined collective returns a tuple: all of it moves
     return out
+
+
+_ASYNC_START = re.compile(r"\s*(?:ROOT\s+)?%async-collective-start[\w.\-]* = ")
+_ASYNC_DONE = re.compile(r"\s*(?:ROOT\s+)?%async-collective-done[\w.\-]* = ")
+_COMPUTE = re.compile(r"\s*(?:ROOT\s+)?%(?!async-collective)[\w.\-]+ = .*\b(?:fusion|convolution)\(")
+
+
+def async_collectives(hlo_text: str) -> dict:
+    """libtpu's asynchronous collectives in a compiled module: how many start/done pairs, and
+    how many have compute (a fusion or convolution) scheduled between the start and the next
+    done of its computation, or after it to the computation's end (a start whose done is in
+    the loop's next iteration)."""
+    pairs = overlapped = 0
+    for computation in re.split(r"\n\}\n", hlo_text):
+        lines = computation.splitlines()
+        for i, line in enumerate(lines):
+            if not _ASYNC_START.match(line):
+                continue
+            pairs += 1
+            for later in lines[i + 1:]:
+                if _ASYNC_DONE.match(later):
+                    break
+                if _COMPUTE.match(later):
+                    overlapped += 1
+                    break
+    return {"pairs": pairs, "with_compute_between": overlapped}
 
 
 def unpriced_kernels(hlo_text: str) -> dict[str, int]:
@@ -194,7 +230,7 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
     figures, kernels = {}, {}
     for k, l in points:
         lowered, _ = lower(_shallow(config, k, l), devices, step)
-        compiled = lowered.compile()
+        compiled = compile_lowered(lowered, devices)
         cost = _cost(compiled)
         hlo = compiled.as_text()
         coll = collectives(hlo)
@@ -243,8 +279,10 @@ def compile_step(config: Config, devices, step: str = "train") -> dict:
     it needs, the arguments from their shardings (`memory_per_chip.from_error` is then true)."""
     t0 = time.perf_counter()
     lowered, s = lower(config, devices, step)
+    overlap = None
     try:
-        mem = memory(lowered.compile())
+        compiled = compile_lowered(lowered, devices)
+        mem, overlap = memory(compiled), async_collectives(compiled.as_text())
     except jax.errors.JaxRuntimeError as e:
         need = _OOM_RE.search(str(e))
         if not need:
@@ -255,7 +293,7 @@ def compile_step(config: Config, devices, step: str = "train") -> dict:
         temps = int(float(need.group(1)) * 2**30)
         mem = {"arguments": args, "outputs": None, "aliased": None, "temporaries": temps,
                "code": None, "total": args + temps, "from_error": True}
-    return {"mesh": dict(s.mesh.shape), "memory_per_chip": mem,
+    return {"mesh": dict(s.mesh.shape), "memory_per_chip": mem, "async_collectives": overlap,
             "compile_time_s": time.perf_counter() - t0}
 
 
@@ -336,6 +374,7 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
         "est_mfu_maxtext": None,
         "cost_warning": None,
         "collectives": None,
+        "async_collectives": compiled["async_collectives"],
         "compile_time_s": compiled["compile_time_s"],
     }
     if cost and out["fits"] is not False:

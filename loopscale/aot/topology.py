@@ -10,12 +10,12 @@ Several slices (`slices=2`) are joined over the data-centre network (DCN).
 from __future__ import annotations
 
 import dataclasses
-import glob
 import math
 import os
 import re
 
 from loopscale.errors import UsageError
+from loopscale.parallel.xla_flags import tpu_attached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +94,6 @@ def parse(name: str, slices: int = 1) -> Topology:
         raise UsageError(f"--topology={name!r}: expected a layout like {gen.name}:"
                          f"{'x'.join(['2'] * gen.dims)} or a size like {gen.name}-8")
     return Topology(gen, shape, slices)
-
-
-def tpu_attached() -> bool:
-    """Whether this host has TPU chips (the device files the TPU driver creates)."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def quiet_libtpu() -> None:

@@ -65,7 +65,7 @@ class TrainStep:
             self.batch = mesh_lib.global_batch(batch or synthetic_batch(config),
                                                self.s.batch_sharding)
             start = time.perf_counter()
-            self.compiled = self.lower().compile()
+            self.compiled = aot.compile_lowered(self.lower(), self.s.mesh.devices.flat)
             self.compile_s = time.perf_counter() - start
 
     def lower(self):
@@ -93,12 +93,14 @@ def compile_seconds(config: Config, devices=None) -> float:
     lr = jax.ShapeDtypeStruct((), np.float32, sharding=mesh_lib.replicated(s.mesh))
     with mesh_lib.activate(s.mesh):
         start = time.perf_counter()
-        trainer.jit_train_step(s, config.model.n_loops).lower(state, batch, lr).compile()
+        lowered = trainer.jit_train_step(s, config.model.n_loops).lower(state, batch, lr)
+        aot.compile_lowered(lowered, s.mesh.devices.flat)
         return time.perf_counter() - start
 
 
 def step_memory(config: Config, devices=None) -> dict:
     """XLA's buffer assignment of the compiled step (aot.memory: arguments, outputs, aliased,
     temporaries, code, total bytes), compiled on abstract inputs."""
-    lowered, _ = aot.lower(config, devices or one_device())
-    return aot.memory(lowered.compile())
+    devices = devices or one_device()
+    lowered, _ = aot.lower(config, devices)
+    return aot.memory(aot.compile_lowered(lowered, devices))

@@ -9,7 +9,10 @@ hbm_fraction, fits, model_flops_per_step (analytic, 6N + attention per token; a 
 for eval), model_flops_per_step_maxtext (MaxText's count: no embedding lookup, causal
 attention), xla_flops_per_chip, est_step_time_s (XLA's cost model), est_mfu and est_mfu_maxtext
 (the two model FLOP counts per chip per estimated second over the chip's peak), collectives (per
-kind: count and bytes per step), cost_warning (why a cost figure is missing) and compile_time_s. The cost figures come from shallow
+kind: count and bytes per step), async_collectives (the real step compiled with the
+platform's flags, parallel/xla_flags.py: collectives split into start/done pairs, and how many
+have compute scheduled between), cost_warning (why a cost figure is missing or partial) and
+compile_time_s. The cost figures come from shallow
 unrolled compiles extrapolated to the full depth (loopscale/aot/compile.py says why);
 `--no-cost` skips them. A step that does not fit exits 1 after the JSON, with one line saying
 what it needs."""

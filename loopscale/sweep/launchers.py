@@ -21,6 +21,8 @@ so a script (or a Slurm array task) can simply be run again. The workdir may be 
   `loopscale train` per node with JAX_COORDINATOR_ADDRESS (the first node of the allocation),
   JAX_NUM_PROCESSES (the number of nodes) and JAX_PROCESS_ID (SLURM_PROCID) set explicitly,
   which `loopscale train` reads.
+Both set XLA's flags of their platform for every run (parallel/xla_flags.py): LIBTPU_INIT_ARGS
+on the TPU hosts, XLA_FLAGS on a Slurm job with GPUs, each after the user's own.
 
 Cooldown branches (plan.py) start from their trunk's checkpoint, so both scripts run every
 trunk (and unbranched run) before any branch: the tpu-pod script's branch phases come after
@@ -36,6 +38,7 @@ import dataclasses
 import shlex
 from collections.abc import Sequence
 
+from loopscale.parallel import xla_flags
 from loopscale.rundir.status import ExitCode
 from loopscale.sweep.packing import Phase, phases, slots
 from loopscale.sweep.plan_table import PlannedRun
@@ -118,6 +121,10 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
         f"LOGS=\"${{LOGS:-tpu-pod-logs/{name}}}\"",
         f"WORKDIR={q(workdir.rstrip('/'))}",
         f"CACHE={q(_join(workdir, 'jax_cache'))}",
+        "# libtpu's flags for every run (loopscale/parallel/xla_flags.py: collectives overlapped",
+        "# with compute), after any of your own in LIBTPU_INIT_ARGS.",
+        "LIBTPU_ARGS=\"${LIBTPU_INIT_ARGS:+$LIBTPU_INIT_ARGS }"
+        f"{xla_flags.as_args(xla_flags.TPU)}\"",
         "mkdir -p \"$LOGS\"",
         "# This invocation's bookkeeping: a run is started by the slot that first creates",
         "# $CLAIMS/RUN_ID (mkdir is atomic), and failures are listed in $CLAIMS/failed.",
@@ -142,7 +149,8 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
         "ssh_run() {",
         "  local id=\"$1\" worker=\"$2\" env=\"$3\" flag=\"${4:-}\" remote rc",
         "  run_args \"$id\"",
-        "  remote=\"cd $REPO && $env JAX_COMPILATION_CACHE_DIR=$(printf %q \"$CACHE\") "
+        "  remote=\"cd $REPO && $env LIBTPU_INIT_ARGS=$(printf %q \"$LIBTPU_ARGS\") "
+        "JAX_COMPILATION_CACHE_DIR=$(printf %q \"$CACHE\") "
         "$LOOPSCALE train $flag $(printf '%q ' \"${ARGS[@]}\")\"",
         "  gcloud compute tpus tpu-vm ssh \"$TPU_NAME\" --zone=\"$ZONE\" "
         "${PROJECT:+--project=\"$PROJECT\"} --worker=\"$worker\" --command=\"$remote\" "
@@ -309,6 +317,7 @@ def slurm_script(name: str, runs: Sequence[PlannedRun], workdir: str,
         "export JAX_COORDINATOR_ADDRESS=\"$head_node:$((12000 + SLURM_JOB_ID % 20000))\"",
         "export JAX_NUM_PROCESSES=\"$SLURM_NNODES\"",
         f"export JAX_COMPILATION_CACHE_DIR={q(_join(workdir, 'jax_cache'))}",
+        *_gpu_flags(o),
         "cd \"${REPO/#\\~/$HOME}\"  # a leading ~ is not expanded inside quotes",
         "echo \"==> $RUN_ID on $SLURM_NNODES node(s)\"",
         "rc=0",
@@ -321,6 +330,15 @@ def slurm_script(name: str, runs: Sequence[PlannedRun], workdir: str,
         "",
     ]
     return "\n".join(lines)
+
+
+def _gpu_flags(o: ClusterOptions) -> list[str]:
+    """XLA:GPU's flags for a GPU allocation (none for CPU nodes)."""
+    if not o.gpus_per_node:
+        return []
+    return ["# XLA:GPU's flags for every run (loopscale/parallel/xla_flags.py: the latency-hiding",
+            "# scheduler overlaps NCCL's collectives with compute), after any of your own.",
+            f"export XLA_FLAGS=\"${{XLA_FLAGS:+$XLA_FLAGS }}{xla_flags.as_args(xla_flags.GPU)}\""]
 
 
 SCRIPTS = {"tpu-pod": "tpu-pod.sh", "slurm": "slurm.sh"}

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from loopscale.files import write_atomic
+from loopscale.parallel import xla_flags
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import METRICS
 from loopscale.rundir.status import ExitCode
@@ -67,9 +68,10 @@ def command_script(argv: Sequence[str], env: dict[str, str], cwd: str) -> str:
 
 def run_env(workdir: str, extra: Sequence[tuple[str, str]]) -> dict[str, str]:
     """Variables set for every run: the shared cache (unless the caller's environment already
-    names one, e.g. a machine-wide cache), then the caller's own (`extra`)."""
+    names one, e.g. a machine-wide cache), this host's XLA flags (parallel/xla_flags.py; none
+    on a CPU), then the caller's own (`extra`)."""
     env = {k: v for k, v in cache_env(workdir).items() if k not in os.environ}
-    return {**env, **dict(extra)}
+    return {**env, **xla_flags.env(xla_flags.local_platform()), **dict(extra)}
 
 
 def prepare(run: PlannedRun, workdir: str, train_command: Sequence[str],
