@@ -211,10 +211,7 @@ def test_moe_steps_get_a_step_time():
     estimate negative; the router and the dropless order now use neither."""
     target = aot.tpu_target("v5p:2x2x1")
     for dispatch in ("dropless", "capacity"):
-        # The einsums' attention: the splash kernel that auto takes on TPU is not priced at all
-        # (its own warning, tests/test_attention_core.py).
         out = aot.report(_config("moe", "--config.train.batch_size=8",
-                                 f"--config.model.moe_dispatch={dispatch}",
-                                 "--config.model.attention=xla"), target)
+                                 f"--config.model.moe_dispatch={dispatch}"), target)
         assert out["est_step_time_s"] > 0 and out["cost_warning"] is None, dispatch
         assert 0 < out["est_mfu"] < 1

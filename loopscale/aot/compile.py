@@ -60,8 +60,10 @@ _COLLECTIVE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(",
     re.MULTILINE)
 _ARRAY_RE = re.compile(r"(\w+)\[([\d,]*)\]")
-# Custom calls that run a hand-written kernel, which XLA's cost model prices at nothing (a
-# Pallas/Mosaic TPU kernel; cuDNN's fused attention; a Pallas GPU kernel through Triton).
+# Custom calls that run a hand-written kernel, which XLA's cost model prices at nothing: a
+# Pallas kernel on TPU (a tpu_custom_call carrying Pallas's kernel_metadata; libtpu's own
+# custom calls, such as ragged_dot's, carry none and are priced), cuDNN's fused attention, a
+# Pallas GPU kernel through Triton.
 _KERNEL_TARGETS = {"tpu_custom_call": "Pallas TPU kernel (splash attention)",
                    "__cudnn$fmha": "cuDNN fused attention",
                    "__gpu$xla.gpu.triton": "Pallas GPU kernel"}
@@ -188,10 +190,13 @@ def async_collectives(hlo_text: str) -> dict:
 def unpriced_kernels(hlo_text: str) -> dict[str, int]:
     """How many calls of each hand-written kernel (_KERNEL_TARGETS) a compiled HLO module has."""
     found: dict[str, int] = {}
-    for target in _CUSTOM_CALL_RE.findall(hlo_text):
-        for prefix, name in _KERNEL_TARGETS.items():
-            if target.startswith(prefix):
-                found[name] = found.get(name, 0) + 1
+    for line in hlo_text.splitlines():
+        for target in _CUSTOM_CALL_RE.findall(line):
+            if target == "tpu_custom_call" and "kernel_metadata=" not in line:
+                continue  # libtpu's own kernel, not Pallas's
+            for prefix, name in _KERNEL_TARGETS.items():
+                if target.startswith(prefix):
+                    found[name] = found.get(name, 0) + 1
     return found
 
 
