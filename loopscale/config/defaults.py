@@ -130,5 +130,5 @@ def base_config() -> ConfigDict:
         )
     )
 
-    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1, zero1=False))
     return c

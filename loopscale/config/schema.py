@@ -242,6 +242,9 @@ class MeshConfig:
     fsdp: int
     tensor: int
     expert: int
+    # ZeRO-1: the optimiser state split over the data-parallel axis `data` too (each chip keeps
+    # and updates its share; parallel/mesh.py `zero1_shardings`); parameters stay whole.
+    zero1: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -115,6 +115,31 @@ def check_divisible(abstract_params, shardings) -> None:
     jax.tree_util.tree_map_with_path(check, abstract_params, shardings)
 
 
+def zero1_shardings(shapes, shardings, mesh: Mesh):
+    """ZeRO-1: each array's sharding with the `data` axis added on its first dimension that the
+    extra split divides evenly (after the axes it has already), so each data-parallel rank
+    holds and updates 1/data of it; an array no dimension of which divides stays as it was.
+    XLA then reduce-scatters the gradient into the shard, updates it, and all-gathers the
+    new parameters (whose own sharding has no `data`)."""
+    size = mesh.shape.get("data", 1)
+    if size == 1:
+        return shardings
+
+    def split(shape, sharding):
+        spec = list(sharding.spec) + [None] * (len(shape.shape) - len(sharding.spec))
+        if any("data" in ((axes,) if isinstance(axes, str) else axes or ()) for axes in spec):
+            return sharding
+        for dim, axes in enumerate(spec):
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            split_by = math.prod(mesh.shape[a] for a in axes) * size
+            if shape.shape[dim] % split_by == 0:
+                spec[dim] = (*axes, "data")
+                return NamedSharding(mesh, PartitionSpec(*spec))
+        return sharding
+
+    return jax.tree.map(split, shapes, shardings)
+
+
 def logical_shardings(boxed, mesh: Mesh):
     """Shardings on `mesh` of a tree whose leaves carry logical axis names (nn.Partitioned:
     what `jax.eval_shape` of a model's init returns), by the logical rules."""

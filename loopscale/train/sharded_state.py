@@ -84,6 +84,9 @@ def setup(config: Config, devices=None) -> Setup:
                                   jax.random.PRNGKey(0))
         shardings = mesh_lib.logical_shardings(abstract, mesh)
         mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
+        if config.mesh.zero1:
+            shardings = shardings.replace(opt_state=mesh_lib.zero1_shardings(
+                nn.unbox(abstract).opt_state, shardings.opt_state, mesh))
         return model, tx, shardings
 
     model, tx, shardings, compiled = _shared(config, mesh, build)
