@@ -88,11 +88,13 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
         c.train.schedule = "wsd"  # linear cooldown over the last 20%
         c.train.steps = steps_for(m, c.train)
         m.dtype = "bfloat16"
-        if size == "paper" and m.n_loops > 6:
-            # Compiled for v5p-128 at batch 512 (8 rows a chip), the step keeps every layer's
-            # activations: 66.6 GB a chip at 6 loops, 111 GB at 12 (the chip has 102.8 GB).
-            # Beyond 6 loops keep only each layer's input and recompute the rest (~1/3 more
-            # compute); benchmarks/compile_paper.py measures both.
+        if size == "paper" and m.n_loops > 16:
+            # Compiled for v5p-128 at batch 512 (8 rows a chip) with the splash attention kernel
+            # (model.attention=auto on TPU, 2026-12-05), the step keeps every layer's
+            # activations: 38.4 GB a chip at 6 loops, 62.5 at 12, 78.5 at 16 (76% of the chip's
+            # 102.8 GB), 86.5 at 18. Beyond 16 loops keep only each layer's input and recompute
+            # the rest (~1/3 more compute). (With the einsums' attention, which keeps T x T
+            # scores, 6 loops took 66.6 GB and 12 did not fit: 111 GB.)
             m.remat = "layer"
     else:  # tiny
         m.head_dim = 64
