@@ -28,6 +28,7 @@ TARGETS = {
     "demo_vs_lean_flops": (">=", 0.5),  # issue #21: demo FLOP/s / lean FLOP/s, median width
     "jax_vs_torch": ("<=", 1.5),
     "fit_seconds": ("reported", None),  # seconds, no target
+    "host_overhead": ("<=", 1.0),  # milliseconds
     "mfu_base": ("reported", None),  # XLA's estimate for the paper run on v5p-128
     "mfu_looped": ("reported", None),
 }
@@ -117,8 +118,8 @@ def test_table_holds_every_figure(tmp_path, monkeypatch):
     from loopscale.bench import figures, suite
     from loopscale.bench.scale import TINY
 
-    ratios = iter([0.5, 2.0, 1.0, 1.06, 0.2, 1.3, 0.3, 12.0, 0.4, 0.75, 0.45, None, 70.0, 0.3,
-                   0.35])
+    ratios = iter([0.5, 2.0, 1.0, 1.06, 0.2, 1.3, 0.3, 12.0, 0.4, 0.75, 0.45, None, 70.0, 4.3,
+                   0.3, 0.35])
 
     def fake(ctx, key, title, target):
         ratio = next(ratios)
@@ -132,10 +133,10 @@ def test_table_holds_every_figure(tmp_path, monkeypatch):
     assert [f["key"] for f in doc["figures"]] == list(TARGETS)
     verdicts = [f["passed"] for f in doc["figures"]]
     assert verdicts == [True, False, True, False, True, True, True, True, False, True, False,
-                        None, None, None, None]
+                        None, None, False, None, None]
     assert doc["figures"][11]["status"] == "error"
     assert doc["figures"][11]["note"] == "error: RuntimeError: no torch here"
-    assert [f["status"] for f in doc["figures"][12:]] == ["measured"] * 3  # reported, no verdict
+    assert [f["status"] for f in doc["figures"][12:]] == ["measured"] * 4
     written = json.loads((tmp_path / "results.json").read_text())
     assert [f["key"] for f in written["figures"]] == list(TARGETS)
     check_markdown(written, (tmp_path / "results.md").read_text())
@@ -143,6 +144,7 @@ def test_table_holds_every_figure(tmp_path, monkeypatch):
     assert "| 40% | >= 70% | fail |" in md and "| 75% | >= 70% | pass |" in md
     assert "| 0.45 | >= 0.50 | fail |" in md
     assert "| 70 s | reported | - |" in md and "| 35% | reported | - |" in md
+    assert "| 4.3 ms | <= 1 ms | fail |" in md
 
 
 def test_figures_are_listed_once():

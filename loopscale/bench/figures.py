@@ -358,6 +358,54 @@ def _paper_mfu(family: str, ctx: Context, key: str, title: str, target: Target) 
                      "chips": len(tpu.devices)}, percent=True)
 
 
+# A model whose device step is trivial (a few microseconds of work), so a trainer step's wall
+# time is the host's: the next batch, dispatch, the metrics read back, the row and its log line.
+TRIVIAL = ("--config.model.d_model=8", "--config.model.n_heads=1", "--config.model.head_dim=8",
+           "--config.model.n_unique=1", "--config.train.seq_len=8", "--config.train.batch_size=1",
+           "--config.train.eval_every=0", "--config.train.checkpoint_every=0")
+
+
+def host_overhead(ctx: Context, key: str, title: str, target: Target) -> Figure:
+    """What a train step costs the host, in milliseconds: the trainer (trainer.train, the real
+    loop, log_every 1 as the presets have it) runs the trivial model for N and for 3N steps in
+    one process, after a first run that compiles what both reuse; the extra wall time per
+    extra step, less the compiled step's own time (timed alone), is the loop's own. Start-up
+    and the final evaluation are in both runs and cancel."""
+    import contextlib
+    import io
+    import tempfile
+    import time
+
+    from loopscale.train import trainer
+
+    n = ctx.scale.host_steps
+    walls = {}
+    for count in (n, n, 3 * n):  # the first run compiles (the others reuse it) and is dropped
+        config = steps.load("base.py:tiny", [*TRIVIAL, f"--config.train.steps={count}"])
+        with tempfile.TemporaryDirectory() as workdir, \
+                contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            start = time.perf_counter()
+            code = trainer.train(config, workdir, steps.one_device())
+            walls[count] = time.perf_counter() - start
+        if code != 0:
+            raise RuntimeError(f"the trivial run of {count} steps exited {code}")
+    per_step = (walls[3 * n] - walls[n]) / (2 * n)
+    # Timed apart from the scale's repetitions: at least 5 calls after a warm-up one (a first
+    # call carries set-up that would swamp a step of this size).
+    reps, warmup = max(ctx.scale.reps, 5), max(ctx.scale.warmup, 1)
+    device = timing.interleaved({"step": steps.TrainStep(config)}, reps, warmup)["step"]
+    host_ms = 1e3 * (per_step - device.median)
+    note = (f"loopscale train's loop on base.py:tiny at d_model 8, 1 layer, 1 x 8 tokens, "
+            f"log_every 1: ({walls[3 * n]:.2f} s for {3 * n} steps - {walls[n]:.2f} s for {n}) "
+            f"/ {2 * n} = {1e3 * per_step:.2f} ms a step, less the compiled step alone "
+            f"({1e3 * device.median:.2f} ms, the median of {reps} calls after {warmup} "
+            "warm-up)")
+    return measured(key, title, target, host_ms, note,
+                    {"wall_s": {str(k): v for k, v in walls.items()}, "per_step_ms": 1e3 * per_step,
+                     "device_step": device.to_json()})
+
+
 def mfu_base(ctx: Context, key: str, title: str, target: Target) -> Figure:
     return _paper_mfu("base", ctx, key, title, target)
 
@@ -425,6 +473,9 @@ FIGURES = (
          lambda s: f"approach-3 fit, {len(_grid(s.fit_grid))} starts + {s.fit_bootstrap:,} "
                    "bootstraps, Chinchilla table (seconds)",
          reported(), fit_seconds, unit=" s"),
+    Spec("host_overhead",
+         lambda s: "the trainer loop's own time a step on the host, trivial model (milliseconds)",
+         at_most(1.0, "<= 1 ms"), host_overhead, unit=" ms"),
     Spec("mfu_base", lambda s: f"estimated MFU, Base {s.mfu_preset} run on {s.mfu_topology}",
          reported(), mfu_base, percent=True),
     Spec("mfu_looped", lambda s: f"estimated MFU, Looped {s.mfu_preset} run on {s.mfu_topology}",

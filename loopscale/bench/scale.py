@@ -36,6 +36,7 @@ class Scale:
     fit_bootstrap: int  # bootstrap refits after it
     mfu_preset: str  # the experiment files' ARG of the MFU figures (paper: the studies' runs)
     mfu_topology: str  # the TPU slice they are compiled for
+    host_steps: int  # the host-overhead figure's short run (its long run: 3x as many steps)
 
     def shape_overrides(self) -> list[str]:
         return [f"--config.model.d_model={self.d_model}",
@@ -54,11 +55,13 @@ FULL = Scale(name="full", d_model=128, n_heads=2, seq_len=128, batch_size=8, rep
              compile_reps=5, base_layers=16, layers=4, flt_loops=4, memory_loops=12,
              compile_loops=(2, 12), data_batches=20,
              sweep=("--sweep.select=base", "--sweep.budgets=(5e10,)"), sweep_concurrency=2,
-             fit_grid="hoffmann", fit_bootstrap=1000, mfu_preset="paper", mfu_topology="v5p-128")
+             fit_grid="hoffmann", fit_bootstrap=1000, mfu_preset="paper", mfu_topology="v5p-128",
+             host_steps=200)
 
 TINY = Scale(name="tiny", d_model=32, n_heads=1, seq_len=16, batch_size=2, reps=1, warmup=0,
              compile_reps=1, base_layers=2, layers=2, flt_loops=2, memory_loops=3,
              compile_loops=(1, 2), data_batches=2, sweep=None, sweep_concurrency=1,
-             fit_grid="small", fit_bootstrap=4, mfu_preset="tiny", mfu_topology="v5p-8")
+             fit_grid="small", fit_bootstrap=4, mfu_preset="tiny", mfu_topology="v5p-8",
+             host_steps=25)
 
 SCALES = {s.name: s for s in (FULL, TINY)}

@@ -90,7 +90,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def global_batch(local: dict, sharding: NamedSharding) -> dict:
-    """This process's rows of a batch (numpy) -> global arrays split by `sharding`."""
+    """This process's rows of a batch (numpy) -> global arrays split by `sharding`. One
+    process: the whole batch in one device_put (one transfer call for all its arrays, about a
+    millisecond a step less than one call per array on a trivial model)."""
+    if jax.process_count() == 1:
+        return jax.device_put({k: np.asarray(v) for k, v in local.items()}, sharding)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in local.items()}
 

@@ -5,6 +5,12 @@ after which the run blocks forever on its full queue, SIGTERM included; written 
 write raises where the trainer can report it. On resume, the new events file opens with a
 purge marker at the first step to be logged again, so TensorBoard drops the old file's events
 from that step on and shows each step once, as metrics.jsonl does.
+
+A row is one event holding all its scalars (one Summary of many values, as TensorFlow's
+writers make them), and the file is synced to disk at most every FLUSH_SECONDS and when it
+closes: a record per scalar, each checksummed in Python, and a sync per row cost the trainer
+about 2 ms a step (measured: 18 scalars a row, `loopscale bench --only=host_overhead`). What
+a crash loses is at most those seconds of curves; metrics.jsonl keeps every row.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import time
 
 from etils import epath
+
+FLUSH_SECONDS = 10.0
 
 
 class Events:
@@ -25,6 +33,7 @@ class Events:
         # second from overwriting the previous file.
         n = len(list(directory.glob("events.out.tfevents.*")))
         self._writer = EventsWriter(str(directory / "events"), filename_suffix=f".{n}")
+        self._flushed = time.monotonic()
         if purge_step is not None:
             from tensorboardX.proto.event_pb2 import Event, SessionLog
 
@@ -32,25 +41,25 @@ class Events:
                                            session_log=SessionLog(status=SessionLog.START)))
 
     def row(self, row: dict) -> None:
-        """A metrics row's numbers as scalars at its step; a list of numbers (one per loop)
-        as one curve per loop (`KEY/1`, `KEY/2`, ...)."""
-        step = row["step"]
+        """A metrics row's numbers as scalars at its step, in one event; a list of numbers
+        (one per loop) as one curve per loop (`KEY/1`, `KEY/2`, ...)."""
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        values = []
         for key, value in row.items():
             if key == "step":
                 continue
             if isinstance(value, (int, float)):
-                self.scalar(key, value, step)
+                values.append(Summary.Value(tag=key, simple_value=float(value)))
             elif isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
-                for i, v in enumerate(value):
-                    self.scalar(f"{key}/{i + 1}", v, step)
-        self._writer.flush()
-
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        self._writer.write_event(Event(wall_time=time.time(), step=step,
-                                       summary=scalar(tag, value)))
+                values += [Summary.Value(tag=f"{key}/{i + 1}", simple_value=float(v))
+                           for i, v in enumerate(value)]
+        self._writer.write_event(Event(wall_time=time.time(), step=row["step"],
+                                       summary=Summary(value=values)))
+        if time.monotonic() - self._flushed >= FLUSH_SECONDS:
+            self._writer.flush()
+            self._flushed = time.monotonic()
 
     def close(self) -> None:
         self._writer.close()
