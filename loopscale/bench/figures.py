@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 
 from loopscale import checkout, flops
-from loopscale.bench import fit_time, lean, steps, sweep_share, timing, torch_ref
+from loopscale.bench import fit_time, host, lean, steps, sweep_share, timing, torch_ref
 from loopscale.bench.result import SKIPPED, Figure, Target, measured, not_measured, reported
 from loopscale.bench.scale import Scale
 from loopscale.bench.timing import Timing
@@ -358,52 +358,16 @@ def _paper_mfu(family: str, ctx: Context, key: str, title: str, target: Target) 
                      "chips": len(tpu.devices)}, percent=True)
 
 
-# A model whose device step is trivial (a few microseconds of work), so a trainer step's wall
-# time is the host's: the next batch, dispatch, the metrics read back, the row and its log line.
-TRIVIAL = ("--config.model.d_model=8", "--config.model.n_heads=1", "--config.model.head_dim=8",
-           "--config.model.n_unique=1", "--config.train.seq_len=8", "--config.train.batch_size=1",
-           "--config.train.eval_every=0", "--config.train.checkpoint_every=0")
-
-
 def host_overhead(ctx: Context, key: str, title: str, target: Target) -> Figure:
-    """What a train step costs the host, in milliseconds: the trainer (trainer.train, the real
-    loop, log_every 1 as the presets have it) runs the trivial model for N and for 3N steps in
-    one process, after a first run that compiles what both reuse; the extra wall time per
-    extra step, less the compiled step's own time (timed alone), is the loop's own. Start-up
-    and the final evaluation are in both runs and cancel."""
-    import contextlib
-    import io
-    import tempfile
-    import time
-
-    from loopscale.train import trainer
-
-    n = ctx.scale.host_steps
-    walls = {}
-    for count in (n, n, 3 * n):  # the first run compiles (the others reuse it) and is dropped
-        config = steps.load("base.py:tiny", [*TRIVIAL, f"--config.train.steps={count}"])
-        with tempfile.TemporaryDirectory() as workdir, \
-                contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
-            start = time.perf_counter()
-            code = trainer.train(config, workdir, steps.one_device())
-            walls[count] = time.perf_counter() - start
-        if code != 0:
-            raise RuntimeError(f"the trivial run of {count} steps exited {code}")
-    per_step = (walls[3 * n] - walls[n]) / (2 * n)
-    # Timed apart from the scale's repetitions: at least 5 calls after a warm-up one (a first
-    # call carries set-up that would swamp a step of this size).
-    reps, warmup = max(ctx.scale.reps, 5), max(ctx.scale.warmup, 1)
-    device = timing.interleaved({"step": steps.TrainStep(config)}, reps, warmup)["step"]
-    host_ms = 1e3 * (per_step - device.median)
+    got = host.measure(ctx.scale.host_steps, ctx.scale.reps, ctx.scale.warmup)
+    n, walls = ctx.scale.host_steps, got["wall_s"]
     note = (f"loopscale train's loop on base.py:tiny at d_model 8, 1 layer, 1 x 8 tokens, "
             f"log_every 1: ({walls[3 * n]:.2f} s for {3 * n} steps - {walls[n]:.2f} s for {n}) "
-            f"/ {2 * n} = {1e3 * per_step:.2f} ms a step, less the compiled step alone "
-            f"({1e3 * device.median:.2f} ms, the median of {reps} calls after {warmup} "
-            "warm-up)")
-    return measured(key, title, target, host_ms, note,
-                    {"wall_s": {str(k): v for k, v in walls.items()}, "per_step_ms": 1e3 * per_step,
-                     "device_step": device.to_json()})
+            f"/ {2 * n} = {got['per_step_ms']:.2f} ms a step, less the compiled step alone "
+            f"({1e3 * got['device_step']['median_s']:.2f} ms, the median of "
+            f"{got['device_step']['samples']} calls after a warm-up)")
+    return measured(key, title, target, got["host_ms"], note,
+                    {**got, "wall_s": {str(k): v for k, v in walls.items()}})
 
 
 def mfu_base(ctx: Context, key: str, title: str, target: Target) -> Figure:
