@@ -163,7 +163,8 @@ def collectives(hlo_text: str) -> dict:
 
 _ASYNC_START = re.compile(r"\s*(?:ROOT\s+)?%async-collective-start[\w.\-]* = ")
 _ASYNC_DONE = re.compile(r"\s*(?:ROOT\s+)?%async-collective-done[\w.\-]* = ")
-_COMPUTE = re.compile(r"\s*(?:ROOT\s+)?%(?!async-collective)[\w.\-]+ = .*\b(?:fusion|convolution)\(")
+_COMPUTE = re.compile(
+    r"\s*(?:ROOT\s+)?%(?!async-collective)[\w.\-]+ = .*\b(?:fusion|convolution)\(")
 
 
 def async_collectives(hlo_text: str) -> dict:

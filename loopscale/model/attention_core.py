@@ -105,8 +105,9 @@ def splash_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, scale: float) -> jax.Array
     spec = PartitionSpec(batch or None, None, heads or None, None)
     # check_vma off: the kernel's pallas_call declares its outputs without saying how they vary
     # over the manual axes (every output varies as its inputs do; out_specs says so).
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                         axis_names=frozenset(batch + heads), check_vma=False)(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK)
+    split = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                          axis_names=frozenset(batch + heads), check_vma=False)
+    return split(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK)
 
 
 def _kernel(n_heads: int, q_len: int, kv_len: int, interpret: bool):

@@ -32,10 +32,11 @@ TPU = {
     "xla_tpu_data_parallel_opt_different_sized_ops": True,
     "xla_tpu_enable_latency_hiding_scheduler": True,
 }
-# XLA:GPU's (parsed by every jaxlib, so a CPU-only install accepts them too).
+# XLA:GPU's (parsed by every jaxlib, so a CPU-only install accepts it too). One flag only: an
+# XLA_FLAGS name that a later jaxlib has dropped stops the process at start-up, and the GPU
+# check must run on jax from 0.10.2 up; the latency-hiding scheduler is XLA:GPU's core one.
 GPU = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
-    "xla_gpu_enable_highest_priority_async_stream": True,
 }
 _BY_PLATFORM = {"tpu": TPU, "gpu": GPU}
 _VARIABLE = {"tpu": "LIBTPU_INIT_ARGS", "gpu": "XLA_FLAGS"}

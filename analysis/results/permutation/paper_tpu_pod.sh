@@ -15,6 +15,9 @@ LOOPSCALE="${LOOPSCALE:-loopscale}"
 LOGS="${LOGS:-tpu-pod-logs/permutation}"
 WORKDIR=gs://BUCKET/perm
 CACHE=gs://BUCKET/perm/jax_cache
+# libtpu's flags for every run (loopscale/parallel/xla_flags.py: collectives overlapped
+# with compute), after any of your own in LIBTPU_INIT_ARGS.
+LIBTPU_ARGS="${LIBTPU_INIT_ARGS:+$LIBTPU_INIT_ARGS }--xla_tpu_enable_async_collective_fusion=true --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true --xla_tpu_enable_async_collective_fusion_multiple_steps=true --xla_tpu_overlap_compute_collective_tc=true --xla_enable_async_all_gather=true --xla_enable_async_all_reduce=true --xla_tpu_enable_data_parallel_all_reduce_opt=true --xla_tpu_data_parallel_opt_different_sized_ops=true --xla_tpu_enable_latency_hiding_scheduler=true"
 mkdir -p "$LOGS"
 # This invocation's bookkeeping: a run is started by the slot that first creates
 # $CLAIMS/RUN_ID (mkdir is atomic), and failures are listed in $CLAIMS/failed.
@@ -115,7 +118,7 @@ finished() {
 ssh_run() {
   local id="$1" worker="$2" env="$3" flag="${4:-}" remote rc
   run_args "$id"
-  remote="cd $REPO && $env JAX_COMPILATION_CACHE_DIR=$(printf %q "$CACHE") $LOOPSCALE train $flag $(printf '%q ' "${ARGS[@]}")"
+  remote="cd $REPO && $env LIBTPU_INIT_ARGS=$(printf %q "$LIBTPU_ARGS") JAX_COMPILATION_CACHE_DIR=$(printf %q "$CACHE") $LOOPSCALE train $flag $(printf '%q ' "${ARGS[@]}")"
   gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" ${PROJECT:+--project="$PROJECT"} --worker="$worker" --command="$remote" </dev/null >>"$LOGS/$id.log" 2>&1
   rc=$?
   # 0: completed, 3: diverged (a result, not a failure); anything else is retried by
