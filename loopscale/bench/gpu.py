@@ -71,9 +71,9 @@ def _config(family: str, overrides: list[str], s: Settings):
     return steps.load(f"{family}.py:{s.size}", common + overrides)
 
 
-def _not_runnable(overrides: list[str]) -> str | None:
+def _not_runnable(config) -> str | None:
     """Why a variant cannot run on this backend (None when it can)."""
-    if "--config.model.attention=cudnn" in overrides and jax.default_backend() != "gpu":
+    if config.model.attention is AttentionImpl.CUDNN and jax.default_backend() != "gpu":
         return f"cuDNN attention needs a GPU (backend: {jax.default_backend()})"
     return None
 
@@ -97,8 +97,8 @@ def run_pair(kind: str, family: str, variants: dict, s: Settings, peak: float | 
     out = {"pair": kind, "family": family, "size": s.size, "batch": s.batch,
            "seq_len": next(iter(configs.values())).train.seq_len, "variants": {}}
     runnable = {}
-    for name, overrides in variants.items():
-        why = _not_runnable(overrides)
+    for name in variants:
+        why = _not_runnable(configs[name])
         if why:
             out["variants"][name] = {"not_run": why}
         else:

@@ -103,12 +103,17 @@ def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
 
 
+def _axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The mesh axes one dimension of a PartitionSpec names (a name, a tuple, or None)."""
+    return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
 def check_divisible(abstract_params, shardings) -> None:
     """Every sharded parameter axis must split evenly over its mesh axes; say which does not
     (XLA's own error names neither the parameter nor the config field)."""
     def check(path, x, sharding):
-        for dim, axes in zip(x.shape, sharding.spec):
-            axes = (axes,) if isinstance(axes, str) else axes or ()
+        for dim, entry in zip(x.shape, sharding.spec):
+            axes = _axes(entry)
             parts = math.prod(sharding.mesh.shape[a] for a in axes)
             if dim % parts:
                 name = jax.tree_util.keystr(path)
@@ -123,18 +128,18 @@ def zero1_shardings(shapes, shardings, mesh: Mesh):
     """ZeRO-1: each array's sharding with the `data` axis added on its first dimension that the
     extra split divides evenly (after the axes it has already), so each data-parallel rank
     holds and updates 1/data of it; an array no dimension of which divides stays as it was.
-    XLA then reduce-scatters the gradient into the shard, updates it, and all-gathers the
-    new parameters (whose own sharding has no `data`)."""
+    The parameters' own sharding has no `data`, so XLA gathers the updated shares back; the
+    collectives are its choice (compiled for v5p it kept all-reduces: docs/training.md)."""
     size = mesh.shape.get("data", 1)
     if size == 1:
         return shardings
 
     def split(shape, sharding):
         spec = list(sharding.spec) + [None] * (len(shape.shape) - len(sharding.spec))
-        if any("data" in ((axes,) if isinstance(axes, str) else axes or ()) for axes in spec):
+        if any("data" in _axes(entry) for entry in spec):
             return sharding
-        for dim, axes in enumerate(spec):
-            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        for dim, entry in enumerate(spec):
+            axes = _axes(entry)
             split_by = math.prod(mesh.shape[a] for a in axes) * size
             if shape.shape[dim] % split_by == 0:
                 spec[dim] = (*axes, "data")

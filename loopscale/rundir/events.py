@@ -8,9 +8,10 @@ from that step on and shows each step once, as metrics.jsonl does.
 
 A row is one event holding all its scalars (one Summary of many values, as TensorFlow's
 writers make them), and the file is synced to disk at most every FLUSH_SECONDS and when it
-closes: a record per scalar, each checksummed in Python, and a sync per row cost the trainer
-about 2 ms a step (measured: 18 scalars a row, `loopscale bench --only=host_overhead`). What
-a crash loses is at most those seconds of curves; metrics.jsonl keeps every row.
+closes: a record per scalar (18 a row), each checksummed in Python, and a sync per row took
+most of the 2.4 ms a step that this change saved (under cProfile, 1,000 steps of a trivial
+model: 6.75 s before, 4.30 s after; a batch put in one device_put is the rest). What a crash
+loses is at most those seconds of curves; metrics.jsonl keeps every row.
 """
 
 from __future__ import annotations
