@@ -25,7 +25,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     On object stores (gs://) a write is atomic by itself, so it writes directly."""
     path = epath.Path(path)
     raw = data.encode() if isinstance(data, str) else data
-    if not _is_local(path):
+    if not is_local(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(raw)
         return
@@ -43,7 +43,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         raise
 
 
-def _is_local(path: epath.Path) -> bool:
+def is_local(path: str | os.PathLike) -> bool:
+    """Whether `path` is on a filesystem this machine mounts (not gs:// or another object store,
+    which has no append, no rename and no locks)."""
     return "://" not in os.fspath(path)
 
 
@@ -95,7 +97,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def append_jsonl(path: str | os.PathLike, row: dict) -> None:
-    """Appends one row and syncs it to disk (a record that must survive the machine)."""
+    """Appends one row and syncs it to disk (a record that must survive the machine). An object
+    store has no append (gcsfs's "a" mode silently overwrites: fsspec/gcsfs#533), so there the
+    file is read and written whole: these files hold a row per launch, not per step."""
+    if not is_local(path):
+        old = epath.Path(path).read_text() if epath.Path(path).exists() else ""
+        write_atomic(path, old + json.dumps(to_json(row)) + "\n")
+        return
     with open(path, "a") as f:
         f.write(json.dumps(to_json(row)) + "\n")
         f.flush()

@@ -132,7 +132,6 @@ CATALOGUE = [
     *_workdir_rows(),
     # A sweep's status where there is no sweep.
     (["status", "--workdir={tmp}/none"], "holds no sweep (no plan.csv)"),
-    (["status", "--workdir=gs://bucket/sweep"], "reads a local sweep directory, not gs://"),
     # An accelerator-sized run where JAX sees only CPUs (a GPU node without the gpu extra).
     (["train", "--config=experiments/base.py:paper", "--workdir={tmp}/run"],
      "plans 7.7e+16 training FLOPs and JAX sees only CPUs"),

@@ -8,50 +8,20 @@ import subprocess
 import sys
 
 import pytest
+import sweepkit
 
 from loopscale.cli import main
-from loopscale.sweep import load_sweep
 from loopscale.sweep.collect import collect
-from loopscale.sweep.plan import plan
-from loopscale.sweep.plan_table import write_csv
 from loopscale.rundir.sweep import run_dir
 
 # A sweep's runs see one CPU device, as on a user's machine (conftest.py).
 pytestmark = pytest.mark.usefixtures("runs_on_one_device")
 
 
-def law(n, d):
-    return 1.7 + 40.0 / n ** 0.35 + 300.0 / d ** 0.35
-
-
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
-    """A sweep directory as the runner leaves it: the isoflop_cpu plan, most runs completed with
-    losses from a Chinchilla-style law, and one run in each other state."""
     workdir = str(tmp_path_factory.mktemp("sweep"))
-    runs = plan(load_sweep("sweeps/isoflop_cpu.py:full", ["--sweep.branches=False"])).runs
-    write_csv(runs, os.path.join(workdir, "plan.csv"))
-    states = {0: "pending", 1: "running", 2: "diverged", 3: "failed"}
-    for i, run in enumerate(runs):
-        status = states.get(i, "completed")
-        if status == "pending":
-            continue
-        rundir = run_dir(workdir, run.run_id)
-        os.makedirs(rundir)
-        with open(os.path.join(rundir, "run.json"), "w") as f:
-            json.dump(run.row, f)
-        summary = {"status": status, "steps": run.row["steps"] // 2, "wall_time_s": 3.0}
-        if status == "completed":
-            loss = law(run.row["params"], run.row["tokens"])
-            summary.update(final_eval_loss=loss, best_eval_loss=loss - 0.01, steps=run.row["steps"],
-                           tokens=run.row["tokens"], flops=run.row["flops"])
-        if status == "diverged":
-            summary.update(final_train_loss="nan", best_eval_loss=4.2)
-        with open(os.path.join(rundir, "summary.json"), "w") as f:
-            json.dump(summary, f)
-        with open(os.path.join(rundir, "attempts.jsonl"), "w") as f:
-            f.write(json.dumps({"outcome": "done"}) + "\n")
-    return workdir, runs
+    return workdir, sweepkit.write_law_sweep(workdir)
 
 
 def test_every_run_is_a_row_with_its_status(sweep_dir):

@@ -4,7 +4,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+
+from etils import epath
 
 from loopscale.config import load_config, parse
 from loopscale.data.text import kjv_documents
@@ -48,9 +49,9 @@ def run_cli(*args: str, env=None, timeout=600) -> subprocess.CompletedProcess:
 
 
 def metric_rows(workdir) -> list[dict]:
-    """The rows of a run's metrics.jsonl."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a run's metrics.jsonl (local or gs://)."""
+    text = (epath.Path(workdir) / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def tensorboard_steps(workdir, tag: str) -> list[int]:
@@ -62,7 +63,7 @@ def tensorboard_steps(workdir, tag: str) -> list[int]:
     from tensorboardX.proto.event_pb2 import Event, SessionLog
 
     steps = []
-    for path in sorted((Path(workdir) / "tensorboard").glob("events.out.tfevents.*")):
+    for path in sorted((epath.Path(workdir) / "tensorboard").glob("events.out.tfevents.*")):
         data = path.read_bytes()
         offset = 0
         while offset < len(data):  # TFRecord: length, its crc, the record, its crc

@@ -1,7 +1,7 @@
 """`loopscale status --workdir=DIR`: a sweep's state at a glance, per family and budget (runs
 done, running, stopped, failed, diverged, pending), the step and loss of the running ones, the
 FLOPs spent against the plan, an ETA from the runs' step times, and the run ids that need
-attention (loopscale/sweep/status.py says how each is read). Local sweep directories only.
+attention (loopscale/sweep/status.py says how each is read). Local or gs:// sweep directories.
 `--json` prints the same as one JSON object."""
 
 from __future__ import annotations

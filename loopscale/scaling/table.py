@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from etils import epath
 
 from loopscale.errors import UsageError
 from loopscale.scaling.bootstrap import cluster_labels
@@ -113,8 +114,9 @@ class ResultsTable:
 
 
 def read_table(path: str, columns: Columns = Columns()) -> ResultsTable:
-    """Reads a CSV or Parquet results table and validates it (UsageError if unusable)."""
-    if not os.path.isfile(path):
+    """Reads a CSV or Parquet results table (local or gs://: pandas reads through fsspec) and
+    validates it (UsageError if unusable)."""
+    if not epath.Path(path).is_file():
         raise UsageError(f"no such table: {path}")
     ext = os.path.splitext(path)[1].lower()
     try:

@@ -205,14 +205,14 @@ TABLE_NAMES = ("results.csv", "results.parquet")
 
 def find_table(source: str) -> str:
     """The table to read: `source` itself, or the results table inside a directory."""
-    if not os.path.isdir(source):
-        if not os.path.exists(source):
+    top = epath.Path(source)
+    if not top.is_dir():
+        if not top.exists():
             raise UsageError(f"no such table or directory: {source}")
         return source
     for name in TABLE_NAMES:
-        path = os.path.join(source, name)
-        if os.path.isfile(path):
-            return path
+        if (top / name).is_file():
+            return os.path.join(source, name)
     raise UsageError(f"{source} is neither a sweep directory (plan.csv, runs/) nor a directory "
                      "holding results.csv (or results.parquet)")
 

@@ -13,6 +13,8 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
+from etils import epath
+
 from loopscale.config import Config
 from loopscale.job import TrainJob
 from loopscale.sweep.schema import Overrides, Sweep
@@ -110,5 +112,5 @@ def table_columns(rows: Sequence[dict], first: Sequence[str] = PLAN_COLUMNS) -> 
 
 
 def read_csv(path: str) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of a plan table, local or on gs://."""
+    return list(csv.DictReader(io.StringIO(epath.Path(path).read_text(), newline="")))

@@ -5,7 +5,8 @@ Each planned run is in one state:
 - `done`: completed (summary.json);
 - `diverged`: a result, never retried, but worth a look;
 - `failed`: the machine failed its last launch (resumable; the runner retries it);
-- `running`: a process holds its run.lock now;
+- `running`: a process holds its run.lock now (on gs://, which has no locks: its metrics.jsonl
+  was written within HEARTBEAT_S);
 - `stopped`: started (summary says running) but no process holds it: a killed runner or a
   SIGTERM; the next `loopscale sweep` resumes it;
 - `pending`: never started.
@@ -21,11 +22,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import time
 from collections import defaultdict
 
+from etils import epath
+
 from loopscale.errors import UsageError
+from loopscale.files import is_local
 from loopscale.rundir import sweep as rundirs
-from loopscale.rundir.run import last_metrics_row
+from loopscale.rundir.run import METRICS, last_metrics_row
 from loopscale.rundir.status import RunStatus
 from loopscale.sweep.plan_table import read_csv
 
@@ -53,8 +58,18 @@ class RunState:
         return self.flops_planned * min(1.0, self.steps_done / max(1, self.steps_planned))
 
 
-def _is_locked(rundir: str) -> bool:
-    """Whether a process holds the run's run.lock (taken and given straight back if not)."""
+# On an object store there are no locks: a run is taken to be training while its metrics.jsonl
+# was written within this long (the trainer writes it there at least every 30 s and at every
+# checkpoint: rundir/run.MetricsFile).
+HEARTBEAT_S = 600.0
+
+
+def _is_training(rundir: str) -> bool:
+    """Whether a process trains the run now: on a local disk, whether it holds the run's
+    run.lock (taken and given straight back if not); on gs://, whether metrics.jsonl is fresh."""
+    if not is_local(rundir):
+        metrics = epath.Path(rundir) / METRICS
+        return metrics.exists() and time.time() - metrics.stat().mtime < HEARTBEAT_S
     if not os.path.exists(os.path.join(rundir, rundirs.RUN_LOCK)):
         return False
     fd = rundirs.try_lock_run(rundir)
@@ -70,7 +85,7 @@ def _state(rundir: str) -> str:
         return "done"
     if status is RunStatus.DIVERGED:
         return "diverged"
-    if _is_locked(rundir):
+    if _is_training(rundir):
         return "running"
     return {RunStatus.FAILED: "failed", RunStatus.RUNNING: "stopped"}.get(status, "pending")
 
@@ -88,10 +103,8 @@ def run_state(workdir: str, row: dict) -> RunState:
 
 def read(workdir: str) -> list[RunState]:
     """Every planned run's state; UsageError for a workdir with no plan.csv."""
-    if "://" in workdir:
-        raise UsageError(f"loopscale status reads a local sweep directory, not {workdir}")
     plan = os.path.join(workdir, "plan.csv")
-    if not os.path.exists(plan):
+    if not epath.Path(plan).exists():
         raise UsageError(f"{workdir} holds no sweep (no plan.csv): run `loopscale sweep` first")
     return [run_state(workdir, row) for row in read_csv(plan)]
 

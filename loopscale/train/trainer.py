@@ -175,6 +175,7 @@ def _loop(s: Setup, run: RunDirectory, workdir: str, started: float, accounting:
                     log.evaluation(held_out(state.params))
                 if due.save:
                     checkpointer.save(log.done, state, data_iter, health.unigram.counts)
+                    run.flush()  # the rows this checkpoint has seen, stored with it (gs://)
                 if stop.requested:
                     break
             else:
