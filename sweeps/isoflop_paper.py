@@ -17,6 +17,13 @@ Looped-MoE below Looped at every budget.
 Not reported by the study, chosen here: sequence 1024 and batch 256 (the presets'), 1% warmup,
 peak LR 1e-2 (read off its figure; under muP the base-width LR of sweeps/lr_transfer.py:paper,
 held across widths). ARG `small` keeps the two smallest budgets (a first look).
+
+Branched (the families train on WSD): each width trains once at constant LR to its largest
+budget's cooldown start, and each budget is a cooldown branch from there, bit for bit the WSD run
+of that budget but for the warmup, which is the smallest budget's for all. `loopscale plan`
+says what it saves: 152 runs (40 trunks, 92 branches, 20 standalone), 3.8e19 FLOPs, 78% of the
+4.9e19 the points cost one run each (planned 2026-12-06). `--sweep.branches=false`: one run a
+point.
 """
 
 from ml_collections import ConfigDict
@@ -48,5 +55,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     s.min_steps = 200
     s.warmup_frac = 0.01
     s.evals, s.checkpoints = 10, 10
+    s.branches = True
     # est_device_hours: base_sweep's TPU v5p chip at 40% MFU (override with --peak-flops/--mfu).
     return s

@@ -118,6 +118,8 @@ def test_a_sweep_on_gs_collects_fits_reports_and_shows_its_status(bucket, tmp_pa
         == fit["families"]
 
     doc = status.summary(status.read(workdir))
+    budgets = [float(g["budget"]) for g in doc["groups"] if g["family"] == "base"]
+    assert budgets == sorted(budgets) and len(budgets) == 3  # in FLOPs, not as strings
     assert doc["states"] == {"done": len(runs) - 4, "running": 1, "stopped": 0, "failed": 1,
                              "diverged": 1, "pending": 1}
     assert doc["running"] == [{"run_id": runs[1].run_id, "family": runs[1].row["family"],

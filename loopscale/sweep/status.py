@@ -109,6 +109,13 @@ def read(workdir: str) -> list[RunState]:
     return [run_state(workdir, row) for row in read_csv(plan)]
 
 
+def _group_order(item) -> tuple[str, float]:
+    """By family, then budget in FLOPs (trunks, which have none, first): not as strings,
+    which put 1e+18 before 2e+17."""
+    (family, budget), _ = item
+    return family, float(budget) if budget else -1.0
+
+
 def summary(runs: list[RunState]) -> dict:
     """Counts per (family, budget) and in all, FLOPs spent against the plan, the ETA and the
     runs that need attention: what the command prints (and writes with --json)."""
@@ -129,7 +136,7 @@ def summary(runs: list[RunState]) -> dict:
         "runs": len(runs),
         "states": total,
         "groups": [{"family": f, "budget": b, **counts}
-                   for (f, b), counts in sorted(groups.items())],
+                   for (f, b), counts in sorted(groups.items(), key=_group_order)],
         "running": [{"run_id": r.run_id, "family": r.family, "budget": r.budget,
                      "step": r.steps_done, "of": r.steps_planned, "loss": r.loss}
                     for r in runs if r.state == "running"],
