@@ -1,7 +1,8 @@
 """Run and sweep directories on gs://, against a GCS emulator on loopback (tests/gcs.py): a run
 killed mid-way resumes bit for bit as on a local disk, with its checkpoints (orbax, through
-tensorstore), metrics (written whole: an object store has no append), TensorBoard events and
-evaluation all on the bucket and nothing written to a local path by mistake; a sweep directory
+tensorstore), metrics (written whole: an object store has no append), TensorBoard events,
+evaluation and JAX's compilation cache all on the bucket and nothing written to a local path
+by mistake; a sweep directory
 there collects, fits, reports and shows its status; a bucket that does not exist is one line."""
 
 import json
@@ -39,7 +40,8 @@ def corpus(tmp_path_factory):
 
 def _env(cache_dir) -> dict:
     """One CPU device, the emulator's variables (inherited) and a shared compilation cache, so
-    the three processes below compile the step once."""
+    the three processes below compile the step once: on the bucket, as the launch scripts put
+    a gs:// sweep's (JAX reads and writes it through etils.epath)."""
     return {**trainkit.cpu_env(1), "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
@@ -59,7 +61,7 @@ def test_a_run_on_gs_killed_mid_way_resumes_bit_identical(bucket, corpus, tmp_pa
     args = ["train", f"--config={REPO}/experiments/looped.py:tiny", "--eval=ppl",
             *trainkit.overrides(*corpus, **{"train.steps": 40, "train.checkpoint_every": 10,
                                             "train.eval_every": 10})]
-    env = _env(tmp_path / "jax_cache")
+    env = _env(f"{bucket}/jax_cache")
     local = tmp_path / "local"
     done = trainkit.run_cli(*args, f"--workdir={local}", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -93,6 +95,7 @@ def test_a_run_on_gs_killed_mid_way_resumes_bit_identical(bucket, corpus, tmp_pa
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
         sorted(p.name for p in (local / "checkpoints").iterdir())
     assert os.listdir(cwd) == []
+    assert list(epath.Path(f"{bucket}/jax_cache").iterdir())  # the steps compiled into it
 
 
 def test_a_sweep_on_gs_collects_fits_reports_and_shows_its_status(bucket, tmp_path):
