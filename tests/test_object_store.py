@@ -21,6 +21,7 @@ from etils import epath
 
 from loopscale.cli import main
 from loopscale.sweep import status
+from loopscale.sweep.collect import collect
 
 BUCKET = "loopscale-test"
 REPO = Path(__file__).resolve().parents[1]
@@ -130,8 +131,26 @@ def test_a_sweep_on_gs_collects_fits_reports_and_shows_its_status(bucket, tmp_pa
                                "of": runs[1].row["steps"], "loss": 3.25}]
 
 
-def test_a_bucket_that_does_not_exist_is_one_line(bucket, tmp_path):
-    r = trainkit.run_cli("train", "--config=experiments/base.py:tiny",
-                         f"--workdir=gs://no-such-{BUCKET}/run", env=trainkit.cpu_env(1))
+def test_a_launch_script_writes_its_plan_on_the_bucket(bucket, tmp_path):
+    """`loopscale sweep --launcher=tpu-pod --workdir=gs://...`: the script locally, the plan and
+    each run's plan row on the bucket, where collect finds every run pending."""
+    workdir = f"{bucket}/launched"
+    assert main(["sweep", "--sweep=sweeps/isoflop_cpu.py", "--launcher=tpu-pod",
+                 f"--workdir={workdir}", f"--script-dir={tmp_path}", "--tpu-name=slice",
+                 "--zone=us-central2-b"]) == 0
+    assert (tmp_path / "tpu-pod.sh").exists()
+    rows = collect([workdir])
+    assert rows and {r["status"] for r in rows} == {"pending"}
+    assert all((epath.Path(workdir) / "runs" / r["run_id"] / "run.json").exists() for r in rows)
+
+
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_a_bucket_that_does_not_exist_is_one_line(bucket, tmp_path, command):
+    workdir = f"gs://no-such-{BUCKET}/x"
+    args = {"train": ["train", "--config=experiments/base.py:tiny"],
+            "sweep": ["sweep", "--sweep=sweeps/isoflop_cpu.py", "--launcher=slurm",
+                      f"--script-dir={tmp_path}"]}[command]
+    r = trainkit.run_cli(*args, f"--workdir={workdir}", env=trainkit.cpu_env(1))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert f"gs://no-such-{BUCKET}/run" in r.stderr and "does not exist" in r.stderr
+    assert workdir in r.stderr and "does not exist" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # no script written either

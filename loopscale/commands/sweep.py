@@ -143,9 +143,9 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
     script_dir = args.script_dir or (os.path.join("launch", result.sweep.name)
                                      if _is_remote(args.workdir)
                                      else os.path.join(args.workdir, "launch"))
-    # A directory that cannot be written (under a file, read-only) is one line before any file
-    # is; a gs:// workdir is written through its own client when the runs start.
-    for directory in (script_dir, *(() if _is_remote(args.workdir) else (args.workdir,))):
+    # A directory that cannot be written (under a file, read-only, a bucket that does not
+    # exist) is one line before any file is: the plan and the run rows go to the workdir.
+    for directory in (script_dir, args.workdir):
         check_writable(epath.Path(directory))
     path = os.path.join(script_dir, name)
     write_atomic(path, text)
