@@ -97,13 +97,9 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def append_jsonl(path: str | os.PathLike, row: dict) -> None:
-    """Appends one row and syncs it to disk (a record that must survive the machine). An object
-    store has no append (gcsfs's "a" mode silently overwrites: fsspec/gcsfs#533), so there the
-    file is read and written whole: these files hold a row per launch, not per step."""
-    if not is_local(path):
-        old = epath.Path(path).read_text() if epath.Path(path).exists() else ""
-        write_atomic(path, old + json.dumps(to_json(row)) + "\n")
-        return
+    """Appends one row to a local file and syncs it to disk (a record that must survive the
+    machine: the local runner's attempts.jsonl; that runner refuses gs://, which has no append).
+    """
     with open(path, "a") as f:
         f.write(json.dumps(to_json(row)) + "\n")
         f.flush()

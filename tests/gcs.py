@@ -25,8 +25,9 @@ import urllib.request
 import pytest
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, read, closed)."""
+def free_port() -> int:
+    """A loopback port nothing listens on now (bound, read, closed): the emulator's, or one
+    that stays closed."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,7 +36,7 @@ def closed_port() -> int:
 def client_env(url: str) -> dict[str, str]:
     """The variables that send gcsfs, tensorstore and google-cloud-storage to the emulator at
     `url` and nowhere else."""
-    nowhere = f"127.0.0.1:{closed_port()}"
+    nowhere = f"127.0.0.1:{free_port()}"
     return {
         "STORAGE_EMULATOR_HOST": url,
         "TENSORSTORE_GCS_HTTP_URL": url,
@@ -78,7 +79,7 @@ def emulator(bucket: str, log_dir):
     with its log in `log_dir`."""
     import gcsfs
 
-    port = closed_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(os.path.join(log_dir, "fake-gcs-server.log"), "w") as log, \
             pytest.MonkeyPatch.context() as mp:

@@ -66,10 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
 def run(args: argparse.Namespace) -> int:
     if args.topology and args.launcher != "tpu-pod":
         raise UsageError("--topology packs the runs of --launcher=tpu-pod; the local and slurm "
@@ -119,7 +115,7 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
 
     from etils import epath
 
-    from loopscale.files import write_atomic
+    from loopscale.files import is_local, write_atomic
     from loopscale.rundir import sweep as rundirs
     from loopscale.rundir.run import check_writable
     from loopscale.sweep.launchers import ClusterOptions, script
@@ -141,7 +137,7 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
         print(text, end="")
         return 0
     script_dir = args.script_dir or (os.path.join("launch", result.sweep.name)
-                                     if _is_remote(args.workdir)
+                                     if not is_local(args.workdir)
                                      else os.path.join(args.workdir, "launch"))
     # A directory that cannot be written (under a file, read-only, a bucket that does not
     # exist) is one line before any file is: the plan and the run rows go to the workdir.

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from loopscale.config import Config
 from loopscale.errors import UsageError
+from loopscale.files import is_local
 from loopscale.model import LoopedLM
 from loopscale.rundir import checkpoint
 from loopscale.rundir.run import CHECKPOINTS, checkpoint_steps, read_config
@@ -44,7 +45,7 @@ def load_run(rundir: str | os.PathLike, step: int | None = None,
     Bad input (no run, no checkpoint, a step that is not there) is a UsageError."""
     config = read_config(rundir)
     # orbax wants an absolute path; a gs:// one stays as it is.
-    directory = epath.Path(rundir if "://" in str(rundir) else os.path.abspath(rundir)) / CHECKPOINTS
+    directory = epath.Path(os.path.abspath(rundir) if is_local(rundir) else rundir) / CHECKPOINTS
     available = checkpoint_steps(directory)
     if not available:
         raise UsageError(f"{rundir}: no checkpoint to load")

@@ -12,6 +12,7 @@ import sys
 from etils import epath
 
 from loopscale.errors import UsageError
+from loopscale.files import is_local
 from loopscale.rundir import sweep as rundirs
 from loopscale.rundir.run import check_writable
 from loopscale.rundir.status import RunStatus
@@ -22,7 +23,7 @@ from loopscale.sweep.runner import Options, Outcome, SweepLock, run_sweep
 
 def check_workdir(workdir: str) -> None:
     """The local runner's processes share a POSIX directory (locks, claims): not gs://."""
-    if "://" in workdir:
+    if not is_local(workdir):
         raise UsageError(f"the local runner needs a local --workdir, not {workdir}; "
                          "use --launcher=tpu-pod or --launcher=slurm")
 
