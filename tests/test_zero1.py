@@ -36,7 +36,10 @@ def test_zero1_trains_as_without_it(both):
     (plain, plain_losses), (split, split_losses) = both[False], both[True]
     np.testing.assert_allclose(split_losses, plain_losses, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(split.params), jax.tree.leaves(plain.params)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        # atol 1e-6, a thousandth of an Adam update at this LR (~1e-3): the sharded update
+        # sums gradients in another order, and an entry whose gradient is near zero gets a
+        # visibly different Adam direction from it (one machine measured 5.8e-7 on one entry).
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_each_device_holds_an_eighth_of_the_optimiser_state(both):
