@@ -26,7 +26,10 @@ TEXT_RUN = Path(__file__).parent / "fixtures" / "rundirs_fb4f2b5" / "killed"
 BATCHES = 2
 N_NODES = 8
 ANSWER_POS = 2 * N_NODES + 3
-SHAPES = {"looped": (2, 3), "unshared": (4, 1)}  # (layers per loop, loops)
+SHAPES = {"looped": (2, 3), "unshared": (4, 1), "parts": (2, 2)}  # (layers per loop, loops)
+# "parts": a prelude and a coda of one layer each around the looped core; patching edits the
+# core's stream and reads the answer after the coda.
+PARTS = {"model.n_prelude": 1, "model.n_coda": 1}
 
 
 def _config(kind: str, **fields):
@@ -41,6 +44,7 @@ def _config(kind: str, **fields):
             # one position past the answer position (it holds the answer token), so patching
             # there can be seen to change nothing
             "train.seq_len": permutation.seq_len(N_NODES) + 1}
+    base.update(PARTS if kind == "parts" else {})
     base.update(fields)
     return parse(load_config("experiments/permutation.py:tiny",
                              [f"--config.{k}={v}" for k, v in base.items()]))
@@ -49,11 +53,12 @@ def _config(kind: str, **fields):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A looped 2 x 3 run (two micro-batches a step, act_grad_norm logged every 2 steps and at
-    the end) and an unshared 4-layer run (neither), each trained 3 steps and measured once."""
+    the end), an unshared 4-layer run and a 1-(2 x 2)-1 prelude/core/coda run (neither), each
+    trained 3 steps and measured once."""
     out = {}
     for kind, fields in (("looped", {"train.grad_accum": 2, "train.log_act_grads": True,
                                      "train.log_every": 2}),
-                         ("unshared", {})):
+                         ("unshared", {}), ("parts", {})):
         rundir = tmp_path_factory.mktemp(kind) / "run"
         assert train(_config(kind, **fields), str(rundir)) == 0
         assert main(["eval", f"--workdir={rundir}", "--what=patching,act_grads"]) == 0
@@ -120,7 +125,7 @@ def test_patching_the_answer_at_the_end_is_the_corrupted_run_and_after_it_nothin
     assert (Path(runs[kind]) / "eval" / "patching.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("kind", ["looped", "unshared"])
+@pytest.mark.parametrize("kind", ["looped", "unshared", "parts"])
 def test_patching_equals_patching_the_equations_by_hand(runs, kind):
     """Two grid points, recomputed with the reference equations: the corrupted stream at that
     layer of that loop written into the clean run at one position."""
@@ -185,7 +190,7 @@ def _hand_grad_norms(flat, micro, zeros, cfg):
     return jnp.sqrt(jnp.sum(jnp.square(jax.grad(loss)(zeros)), axis=(2, 3, 4)))
 
 
-@pytest.mark.parametrize("kind", ["looped", "unshared"])
+@pytest.mark.parametrize("kind", ["looped", "unshared", "parts"])
 def test_act_grads_equal_a_hand_written_gradient(runs, kind):
     config, flat, batches = _held_out(runs[kind])
     accum = config.train.grad_accum
