@@ -99,3 +99,13 @@ def emulator(bucket: str, log_dir):
             process.terminate()
             process.wait(timeout=10)
             gcsfs.GCSFileSystem.clear_instance_cache()  # no client left on a closed port
+
+
+def names(directory) -> list[str]:
+    """The names in a gs:// directory as the bucket holds them now. gcsfs caches each listing
+    for the life of its filesystem object, so in a test that lists a directory before and after
+    another process writes to it, a plain iterdir would repeat the first answer."""
+    from etils.epath import backend
+
+    backend.fsspec_backend.fs(str(directory)).invalidate_cache()
+    return sorted(p.name for p in directory.iterdir())

@@ -1,6 +1,7 @@
 """Run and sweep directories on gs://, against a GCS emulator on loopback (tests/gcs.py): a run
-killed mid-way resumes bit for bit as on a local disk, with its checkpoints (orbax, through
-tensorstore), metrics (written whole: an object store has no append), TensorBoard events,
+stopped mid-way (SIGKILL, then SIGTERM) resumes bit for bit as on a local disk, with its
+checkpoints (orbax, through tensorstore), metrics (written whole: an object store has no
+append), TensorBoard events,
 evaluation and JAX's compilation cache all on the bucket and nothing written to a local path
 by mistake; a sweep directory
 there collects, fits, reports and shows its status; a bucket that does not exist is one line."""
@@ -60,7 +61,7 @@ def _wait_for_checkpoint(checkpoints: epath.Path, step: int, proc, timeout=300):
 
 def test_a_run_on_gs_killed_mid_way_resumes_bit_identical(bucket, corpus, tmp_path):
     args = ["train", f"--config={REPO}/experiments/looped.py:tiny", "--eval=ppl",
-            *trainkit.overrides(*corpus, **{"train.steps": 40, "train.checkpoint_every": 10,
+            *trainkit.overrides(*corpus, **{"train.steps": 60, "train.checkpoint_every": 10,
                                             "train.eval_every": 10})]
     env = _env(f"{bucket}/jax_cache")
     local = tmp_path / "local"
@@ -79,22 +80,35 @@ def test_a_run_on_gs_killed_mid_way_resumes_bit_identical(bucket, corpus, tmp_pa
     assert json.loads((run / "summary.json").read_text())["status"] == "running"
     # The rows the checkpoint has seen were stored with it (metrics.jsonl is written whole).
     assert max(r["step"] for r in trainkit.metric_rows(run)) >= 20
+    # Resumed, then stopped by SIGTERM (a pod's preemption notice) after its step-40
+    # checkpoint: it saves where it is, writes the metrics it holds and exits 0, still running.
+    proc = subprocess.Popen(trainkit.loopscale_cmd(*args, f"--workdir={run}"), env=env, cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(run / "checkpoints", 40, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    saved = max(int(n) for n in gcs.names(run / "checkpoints") if n.isdigit())
+    assert 40 <= saved < 60
+    assert max(r["step"] for r in trainkit.metric_rows(run) if "loss" in r) == saved
+    assert json.loads((run / "summary.json").read_text())["status"] == "running"
     resumed = subprocess.run(trainkit.loopscale_cmd(*args, f"--workdir={run}"), env=env, cwd=cwd,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Append mode" not in resumed.stderr  # gcsfs's warning: an append became a rewrite
 
     rows, straight = trainkit.metric_rows(run), trainkit.metric_rows(local)
-    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 41))  # each step once
-    assert [r["step"] for r in rows if "eval_loss" in r] == [10, 20, 30, 40]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 61))  # each step once
+    assert [r["step"] for r in rows if "eval_loss" in r] == [10, 20, 30, 40, 50, 60]
     assert [r["loss"] for r in rows if "loss" in r] == \
         [r["loss"] for r in straight if "loss" in r]  # bit-identical to the local run
-    assert trainkit.tensorboard_steps(run, "loss") == list(range(1, 41))
+    assert trainkit.tensorboard_steps(run, "loss") == list(range(1, 61))
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     assert json.loads((run / "eval" / "ppl.json").read_text()) == \
         json.loads((local / "eval" / "ppl.json").read_text())
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
-        sorted(p.name for p in (local / "checkpoints").iterdir())
+    # The newest two are kept (train.keep_checkpoints), the one SIGTERM saved among them when
+    # it came after step 50.
+    assert sorted(p.name for p in (local / "checkpoints").iterdir()) == ["50", "60"]
+    assert sorted(int(n) for n in gcs.names(run / "checkpoints")) == [max(saved, 50), 60]
     assert os.listdir(cwd) == []
     assert list(epath.Path(f"{bucket}/jax_cache").iterdir())  # the steps compiled into it
 
