@@ -1,10 +1,9 @@
 """Run and sweep directories on gs://, against a GCS emulator on loopback (tests/gcs.py): a run
 stopped mid-way (SIGKILL, then SIGTERM) resumes bit for bit as on a local disk, with its
 checkpoints (orbax, through tensorstore), metrics (written whole: an object store has no
-append), TensorBoard events,
-evaluation and JAX's compilation cache all on the bucket and nothing written to a local path
-by mistake; a sweep directory
-there collects, fits, reports and shows its status; a bucket that does not exist is one line."""
+append), TensorBoard events, evaluation and JAX's compilation cache all on the bucket and
+nothing written to a local path by mistake; a sweep directory there collects, fits, reports
+and shows its status; a bucket that does not exist is one line."""
 
 import json
 import os
