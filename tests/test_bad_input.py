@@ -77,6 +77,9 @@ def _workdir_rows():
                       "--workdir={bad}/readonly/run"], "cannot write there (Permission denied)"))
         rows.append((["sweep", pilot, "--workdir={bad}/readonly/sweep"],
                      "cannot write there (Permission denied)"))
+    # A gs:// workdir whose bucket does not exist, for train and for a sweep's launch script:
+    # tests/test_object_store.py, beside the GCS emulator those rows need (here a gs:// path
+    # would send gcsfs to the network).
     return rows
 
 
