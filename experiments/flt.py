@@ -26,7 +26,7 @@ loopscale/config/defaults.py is set below.
 from ml_collections import ConfigDict
 
 from loopscale import flops
-from loopscale.config import base_config, parse_model
+from loopscale.config import base_config, parse_model, presets
 
 QWEN_VOCAB = 151669  # the FLT study's tokenizer
 TOKENS_PER_PARAM = 20
@@ -88,6 +88,7 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
         c.train.schedule = "wsd"  # linear cooldown over the last 20%
         c.train.steps = steps_for(m, c.train)
         m.dtype = "bfloat16"
+        c.train.log_every = presets.PAPER_LOG_EVERY
         if size == "paper" and m.n_loops > 16:
             # Compiled for v5p-128 at batch 512 (8 rows a chip) with the splash attention kernel
             # (model.attention=auto on TPU, 2026-12-05), the step keeps every layer's

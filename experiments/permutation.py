@@ -12,7 +12,7 @@ sequence length follow `--config.data.n_nodes` / `--config.data.hops_max` overri
 
 from ml_collections import ConfigDict
 
-from loopscale.config import base_config
+from loopscale.config import base_config, presets
 from loopscale.data import permutation
 
 
@@ -34,6 +34,7 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
         m.d_model, m.n_heads, m.n_unique, m.n_loops = 256, 4, 4, 8
         c.train.steps, c.train.batch_size = 20000, 64
         m.dtype = "bfloat16"  # activations, as the other paper presets
+        c.train.log_every = presets.PAPER_LOG_EVERY
     else:
         m.d_model, m.n_heads, m.n_unique, m.n_loops = 64, 1, 2, 2
         c.train.steps, c.train.batch_size = 50, 16

@@ -119,6 +119,52 @@ def test_mismatched_workdir_is_refused_untouched(corpus, tmp_path):
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+TIMED = {"step_time_s", "tokens_per_s", "mfu", "mfu_maxtext"}  # the row's fields read off a clock
+
+
+def test_the_host_reads_logged_steps_only_and_a_resume_is_the_same_run(corpus, tmp_path,
+                                                                       monkeypatch):
+    """train.log_every 4: the trainer fetches the steps' metrics four at a time, once the step
+    after a logged one is dispatched (and wherever it must wait: here the step-6 checkpoint and
+    the end), each step's row still judged by the divergence rule; rows go to metrics.jsonl at
+    steps 4, 8, 12. Stopped by SIGTERM after step 4 and resumed, the run logs exactly what the
+    straight one does: its divergence rule and gradient-oscillation window are taken up from
+    the checkpoint (replayed over the logged rows, the window would hold one step of five).
+    test_loss_decreases_on_text's step shape: its compiled step."""
+    from loopscale.train import step_log
+
+    cfg = trainkit.config("base", *corpus, **{"train.steps": 12, "train.eval_every": 0,
+                                              "train.checkpoint_every": 6, "train.lr": 1e-2,
+                                              "train.log_every": 4})
+    read, reads = step_log.StepLog.read, []
+
+    def counted(self, pending, extra):
+        reads.append([p.done for p in pending])
+        return read(self, pending, extra)
+
+    monkeypatch.setattr(step_log.StepLog, "read", counted)
+    assert train(cfg, str(tmp_path / "straight")) == 0
+    assert reads == [[1, 2, 3, 4], [5, 6], [7, 8], [9, 10, 11, 12]]
+
+    def stopped_after_4(self, pending, extra):
+        if pending[-1].done == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: stop at the next step
+        return read(self, pending, extra)
+
+    monkeypatch.setattr(step_log.StepLog, "read", stopped_after_4)
+    run = tmp_path / "stopped"
+    assert train(cfg, str(run)) == 0 and summary(run)["status"] == "running"
+    saved = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved and max(saved) < 6
+    monkeypatch.setattr(step_log.StepLog, "read", read)
+    assert train(cfg, str(run)) == 0 and summary(run)["status"] == "completed"
+    rows = {name: [{k: v for k, v in r.items() if k not in TIMED}
+                   for r in trainkit.metric_rows(tmp_path / name) if "loss" in r]
+            for name in ("straight", "stopped")}
+    assert [r["step"] for r in rows["straight"]] == [4, 8, 12]
+    assert rows["stopped"] == rows["straight"]  # grad_norm_std and _cv included
+
+
 def test_divergence_stops_the_run_with_status_3(corpus, tmp_path):
     cfg = trainkit.config("base", *corpus, **{"train.steps": 30, "train.lr": 1e4,
                                               "train.grad_clip": 0.0, "train.eval_every": 0,

@@ -539,6 +539,24 @@ def test_divergence_needs_patience_strikes():
     assert rule.strikes == 5
 
 
+def test_divergence_rule_resumes_from_its_saved_state():
+    """What a checkpoint keeps of the rule (state(), through JSON) resumes it mid-way: a rule
+    cut two strikes into a blow-up and resumed stops at the step the uncut one does; a rule
+    saved before any step (best still infinite) resumes as new."""
+    losses = [3.0] * 10 + [10.0] * 30
+    whole = diagnostics.DivergenceRule(margin=2.0, patience=5)
+    stop = next(i for i, x in enumerate(losses) if whole.check(x))
+    cut = diagnostics.DivergenceRule(margin=2.0, patience=5)
+    assert not any(cut.check(x) for x in losses[:15])
+    resumed = diagnostics.DivergenceRule(margin=2.0, patience=5)
+    resumed.resume(json.loads(json.dumps(cut.state())))
+    assert resumed.strikes == cut.strikes > 0
+    assert next(15 + i for i, x in enumerate(losses[15:]) if resumed.check(x)) == stop
+    fresh = diagnostics.DivergenceRule()
+    fresh.resume(json.loads(json.dumps(diagnostics.DivergenceRule().state())))
+    assert fresh == diagnostics.DivergenceRule()
+
+
 def test_divergence_ignores_a_single_spike():
     rule = diagnostics.DivergenceRule()  # margin 2, patience 20
     losses = [3.0] * 10 + [50.0] + [3.0] * 60

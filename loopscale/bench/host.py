@@ -1,11 +1,12 @@
 """What a train step costs the host: the bench's `host_overhead` figure.
 
 The trainer's real loop (`trainer.train`: the next batch, dispatch, the metrics read back,
-the row, its log line and TensorBoard event; `log_every` 1 as the presets have it) on a model
-whose device step is trivial, so a step's wall time is the host's. It runs N and 3N steps in
-one process after a first run that compiles what both reuse; the extra wall time per extra
-step, less the compiled step's own time (timed alone), is the loop's own. Start-up and the
-final evaluation are in both runs and cancel.
+the row, its log line and TensorBoard event) on a model whose device step is trivial, so a
+step's wall time is the host's, at a given `log_every`: the accelerator presets' 10 (the
+device read and rows written every 10 steps) and the CPU presets' 1, side by side. It runs N
+and 3N steps in one process after a first run that compiles what both reuse; the extra wall
+time per extra step, less the compiled step's own time (timed alone), is the loop's own.
+Start-up and the final evaluation are in both runs and cancel.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ TRIVIAL = ("--config.model.d_model=8", "--config.model.n_heads=1", "--config.mod
            "--config.train.eval_every=0", "--config.train.checkpoint_every=0")
 
 
-def _train_seconds(count: int):
+def _train_seconds(count: int, log_every: int):
     """Wall seconds of a whole trivial run of `count` steps (its output swallowed)."""
-    config = steps.load("base.py:tiny", [*TRIVIAL, f"--config.train.steps={count}"])
+    config = steps.load("base.py:tiny", [*TRIVIAL, f"--config.train.steps={count}",
+                                         f"--config.train.log_every={log_every}"])
     with tempfile.TemporaryDirectory() as workdir, \
             contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         start = time.perf_counter()
@@ -37,11 +39,11 @@ def _train_seconds(count: int):
     return config, seconds
 
 
-def measure(n: int, reps: int, warmup: int) -> dict:
+def measure(n: int, reps: int, warmup: int, log_every: int) -> dict:
     """host_ms (the figure), per_step_ms, the device step's timing, wall_s by step count."""
     walls = {}
     for count in (n, n, 3 * n):  # the first run compiles (the others reuse it) and is dropped
-        config, walls[count] = _train_seconds(count)
+        config, walls[count] = _train_seconds(count, log_every)
     per_step = (walls[3 * n] - walls[n]) / (2 * n)
     # At least 5 calls after a warm-up one: a first call carries set-up that would swamp a
     # step of this size.

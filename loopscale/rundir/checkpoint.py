@@ -1,14 +1,17 @@
 """Checkpoints: model, optimiser and data-iterator state saved together by one orbax
 CheckpointManager (asynchronous), so a resumed run continues bit-for-bit where it stopped.
 
-With them, the unigram counts of the training targets seen so far (a JSON list), so that the
-run's unigram entropy covers every step, not only those since the last resume: storing them is
-exact and costs one small file, where recomputing them would mean reading the whole run's data
-again, and metrics.jsonl keeps only logged steps.
+With them, what the host has tracked of every step so far, which metrics.jsonl (logged steps
+only, every train.log_every) cannot give back: the unigram counts of the training targets (a
+JSON list), so that the run's unigram entropy covers every step, not only those since the last
+resume, and the host-side watch (the divergence rule's smoothed loss and strikes, the gradient
+norms of the oscillation window), so that a resumed run decides and logs as one that never
+stopped. Storing them is exact and costs two small files.
 
     checkpoints/STEP/state     the TrainState (step, params, opt_state): orbax's StandardSave
     checkpoints/STEP/data      the grain data iterator's state
     checkpoints/STEP/unigram   the counts (JSON)
+    checkpoints/STEP/watch     the watch (JSON; checkpoints before 2026-12-06 have none)
 
 `restore_params` reads the parameters alone (no optimiser, no data state) onto any shardings:
 what evaluation needs (load.py).
@@ -44,6 +47,7 @@ class Restored:
     step: int
     state: object
     unigram_counts: np.ndarray | None  # None: a checkpoint written before the counts were kept
+    watch: dict | None  # None: a checkpoint written before the watch was kept
 
 
 class _NoThreadTracebacks(logging.Filter):
@@ -79,24 +83,27 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state, data_iterator, unigram_counts: np.ndarray) -> None:
+    def save(self, step: int, state, data_iterator, unigram_counts: np.ndarray,
+             watch: dict) -> None:
         self.manager.save(step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(data_iterator),
             unigram=ocp.args.JsonSave([int(c) for c in unigram_counts]),
+            watch=ocp.args.JsonSave(watch),
         ))
 
-    def restore(self, step: int, abstract_state, data_iterator) -> tuple[object, np.ndarray | None]:
+    def restore(self, step: int, abstract_state, data_iterator) -> Restored:
         """Restores into `abstract_state` (ShapeDtypeStructs carrying their shardings), so each
         array lands directly on its devices; the data iterator is restored in place."""
         items = dict(state=ocp.args.StandardRestore(abstract_state),
                      data=grain.checkpoint.CheckpointRestore(data_iterator))
-        has_counts = (self.directory / str(step) / "unigram").exists()
-        if has_counts:
-            items["unigram"] = ocp.args.JsonRestore()
+        kept = {name for name in ("unigram", "watch")
+                if (self.directory / str(step) / name).exists()}
+        items.update({name: ocp.args.JsonRestore() for name in kept})
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-        counts = np.asarray(restored.unigram, np.int64) if has_counts else None
-        return restored.state, counts
+        counts = np.asarray(restored.unigram, np.int64) if "unigram" in kept else None
+        return Restored(step, restored.state, counts,
+                        restored.watch if "watch" in kept else None)
 
     def restore_latest(self, abstract_state, data_iterator,
                        warn: Callable[[str], None]) -> Restored | None:
@@ -104,8 +111,7 @@ class Checkpointer:
         `warn` gets one line for each checkpoint moved aside, as it is moved."""
         for attempt, step in enumerate(sorted(self.manager.all_steps(), reverse=True)):
             try:
-                state, counts = self.restore(step, abstract_state, data_iterator)
-                return Restored(step, state, counts)
+                return self.restore(step, abstract_state, data_iterator)
             except Exception as e:  # orbax and tensorstore raise many types for a damaged file
                 problem = one_line(e)
                 if attempt:

@@ -81,6 +81,16 @@ class DivergenceRule:
                     f"{self.best:.3f} for {self.patience} steps")
         return None
 
+    def state(self) -> dict:
+        """The rule's running state as JSON (a best of inf, before any step, as None)."""
+        return {"ema": self.ema, "best": None if math.isinf(self.best) else self.best,
+                "first": self.first, "strikes": self.strikes}
+
+    def resume(self, state: dict) -> None:
+        """Takes up the running state `state()` gave."""
+        self.ema, self.first, self.strikes = state["ema"], state["first"], state["strikes"]
+        self.best = math.inf if state["best"] is None else state["best"]
+
     def check_end(self) -> str | None:
         """Rule (d), once the last step has been checked."""
         if self.ema is not None and self.ema > self.first + self.margin:

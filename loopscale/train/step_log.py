@@ -17,6 +17,7 @@ import numpy as np
 
 from loopscale import flops as flops_lib
 from loopscale.config import Config
+from loopscale.rundir.checkpoint import Restored
 from loopscale.rundir.run import RunDirectory
 from loopscale.train import diagnostics
 from loopscale.train.peak import peak_flops
@@ -34,8 +35,9 @@ class Pending:
 
 
 def _host_row(metrics: dict) -> dict:
+    """One step's metrics, already on the host, as a row's plain numbers and lists."""
     return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
-            for k, v in jax.device_get(metrics).items()}
+            for k, v in metrics.items()}
 
 
 class Throughput:
@@ -71,11 +73,16 @@ class Throughput:
         """The host's wait so far (a compile) is no step's time."""
         self.last_read = time.time()
 
-    def fields(self, p: Pending) -> dict:
-        """Step p's fields, taken once its metrics are on the host."""
+    def step_times(self, pending: list[Pending]) -> list[float]:
+        """The time each of the steps just read took: from when the first could start (its
+        dispatch, or the last read) to now, shared evenly, the host having read them at once."""
         now = time.time()
-        dt = now - max(p.dispatched, self.last_read)  # from when it could start to when it was read
+        elapsed = now - max(pending[0].dispatched, self.last_read)
         self.last_read = now
+        return [elapsed / len(pending)] * len(pending)
+
+    def fields(self, p: Pending, dt: float) -> dict:
+        """Step p's fields, taken once its metrics are on the host; dt its time."""
         self.flops_done += self.train_flops_per_token(p.n_loops) * self.tokens_per_step
         tokens = self.tokens_per_step
         return dict(step=p.done, n_loops=p.n_loops, lr=self.train.lr * float(p.lr_factor),
@@ -88,9 +95,10 @@ class Throughput:
 class Health:
     """The host-side watch over a run: the divergence rule (it stops the run), gradient
     oscillation (logged) and the unigram entropy of the training targets (the collapse rule's
-    plateau), resumed over the rows and unigram counts a checkpoint has seen."""
+    plateau), resumed from what the checkpoint kept of every step before it: the unigram
+    counts and the watch (`watch()`)."""
 
-    def __init__(self, config: Config, data_vocab: int, counts, rows: list[dict]):
+    def __init__(self, config: Config, data_vocab: int, restored: Restored, rows: list[dict]):
         vocab = max(config.model.vocab_size, data_vocab)
         self.divergence = diagnostics.DivergenceRule(
             ceiling=diagnostics.DivergenceRule.ceiling_for(vocab))
@@ -98,13 +106,26 @@ class Health:
         self.unigram = diagnostics.UnigramEntropy(vocab)
         # Counts of the steps before the start come from the checkpoint; a checkpoint written
         # before they were kept leaves the entropy unknown (None) rather than wrong.
+        counts = restored.unigram_counts
         self.unigram_known = counts is not None and len(counts) in (0, vocab)
         if self.unigram_known and len(counts):
             self.unigram.counts[:] = counts
-        for row in rows:  # replay host-side trackers over the kept history
+        if restored.watch is not None:
+            self.divergence.resume(restored.watch["divergence"])
+            for norm in restored.watch["grad_norms"]:
+                self.oscillation.update(norm)
+            return
+        # A checkpoint written before the watch was kept: replayed over the rows it has seen,
+        # which is exact only when every step was logged (train.log_every 1).
+        for row in rows:
             if "grad_norm" in row:
                 self.oscillation.update(row["grad_norm"])
                 self.divergence.check(diagnostics.watched_loss(row))
+
+    def watch(self) -> dict:
+        """What a checkpoint keeps of the divergence rule and the oscillation window."""
+        return {"divergence": self.divergence.state(),
+                "grad_norms": [float(n) for n in self.oscillation.norms]}
 
     def entropy(self) -> float | None:
         return self.unigram.value() if self.unigram_known else None
@@ -135,21 +156,33 @@ class StepLog:
         if self.progress:
             self.progress.close()
 
-    def read(self, p: Pending, extra: dict) -> str | None:
-        """Waits for step p, logs its row; returns why the run diverged, if it did."""
-        row = _host_row(p.metrics)
-        if "residual_norm" in row:  # a shared step's has room for every count: its last ones
-            row["residual_norm"] = row["residual_norm"][-p.n_loops:]
-        row.update(**self.throughput.fields(p),
-                   **self.health.oscillation.update(row["grad_norm"]), **extra)
-        self.done = p.done
-        self.rows.append(row)
-        if p.done % self.train.log_every == 0 or p.done == self.train.steps:
-            self.run.log(row)
-        if self.progress:
-            self.progress.update(1)
-            self.progress.set_postfix(loss=f"{row['loss']:.3f}")
-        return self.health.divergence.check(diagnostics.watched_loss(row))
+    def logged(self, done: int) -> bool:
+        """Whether the step that brings the count to `done` is written to the run directory."""
+        return done % self.train.log_every == 0 or done == self.train.steps
+
+    def read(self, pending: list[Pending], extra: dict) -> str | None:
+        """Waits for the steps in `pending` (dispatched in this order), fetching their metrics
+        in one transfer, and takes their rows in order, `extra` joining the last one's; returns
+        why the run diverged at the first step that did (the rows after it are not taken)."""
+        fetched = jax.device_get([p.metrics for p in pending])
+        for i, (p, metrics, dt) in enumerate(zip(pending, fetched,
+                                                 self.throughput.step_times(pending))):
+            row = _host_row(metrics)
+            if "residual_norm" in row:  # a shared step's has room for every count: its last
+                row["residual_norm"] = row["residual_norm"][-p.n_loops:]
+            row.update(**self.throughput.fields(p, dt),
+                       **self.health.oscillation.update(row["grad_norm"]),
+                       **(extra if i == len(pending) - 1 else {}))
+            self.done = p.done
+            self.rows.append(row)
+            if self.logged(p.done):
+                self.run.log(row)
+            if self.progress:
+                self.progress.update(1)
+                self.progress.set_postfix(loss=f"{row['loss']:.3f}")
+            if reason := self.health.divergence.check(diagnostics.watched_loss(row)):
+                return reason
+        return None
 
     def evaluation(self, held_out: dict) -> None:
         """Logs a held-out evaluation at the last step read."""

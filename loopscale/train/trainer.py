@@ -140,7 +140,8 @@ def _loop(s: Setup, run: RunDirectory, workdir: str, started: float, accounting:
     """From where the run stands to train.steps, or until it diverges or SIGTERM stops it;
     then the last checkpoint, the final evaluation and summary.json. Returns the exit status."""
     config, t = s.config, s.config.train
-    start, state, data_iter, counts = restore(s, checkpointer, train_ds, workdir)
+    restored, data_iter = restore(s, checkpointer, train_ds, workdir)
+    start, state = restored.step, restored.state
     rows = run.open_metrics(start)
     with _Stop() as stop:
         state_metrics = StateMetrics(config, s.model, s.compiled)
@@ -148,33 +149,41 @@ def _loop(s: Setup, run: RunDirectory, workdir: str, started: float, accounting:
         past_loops = (_loops_for_step(config, i) for i in range(start))
         throughput = Throughput(config, accounting, past_loops)
         steps = _TrainSteps(s, throughput)
-        health = Health(config, train_ds.vocab_size, counts, rows)
+        health = Health(config, train_ds.vocab_size, restored, rows)
         run.write_summary(summary)
-        # The host runs one step ahead (as nanodo does): step t+1 is dispatched before step t's
-        # metrics are read, so the host's work (the next batch, logging) overlaps the device's.
-        # It waits for the step it dispatched wherever the state itself is needed (evaluation,
-        # checkpoint, per-loop gradients, the last step) or SIGTERM asked to stop: there no step
-        # runs ahead, so a checkpoint holds the data iterator exactly at its step.
-        pending, finished, reason = None, False, None
+        # The host reads the device only at logged steps (train.log_every): the steps between
+        # are dispatched without waiting and their metrics, left on the device, are fetched
+        # together in one transfer, one step late (as nanodo does): the logged step is read
+        # once the step after it has been dispatched, so the host's work (the next batch,
+        # logging) overlaps the device's. Every step's row still passes the divergence rule,
+        # at most log_every steps late. The host waits for the step it dispatched wherever the
+        # state itself is needed (evaluation, checkpoint, per-loop gradients, the last step)
+        # or SIGTERM asked to stop: there no step runs ahead, so a checkpoint holds the data
+        # iterator exactly at its step, and no diverged state is ever saved.
+        pending: list[Pending] = []
+        finished, reason = False, None
         with StepLog(run, rows, config, throughput, health, start) as log:
             for step in range(start, t.steps):
                 batch, n_loops = _next_batch(s, data_iter, health, step)
                 state, metrics, lr_factor = steps.run(state, batch, step, n_loops)
-                if pending is not None and (reason := log.read(pending, {})):
-                    break  # the previous step (read while this one runs) diverged
-                pending = Pending(step + 1, metrics, n_loops, lr_factor, time.time())
+                if pending and log.logged(pending[-1].done):
+                    reason, pending = log.read(pending, {}), []
+                    if reason:
+                        break  # a step read while this one runs diverged
+                pending.append(Pending(step + 1, metrics, n_loops, lr_factor, time.time()))
                 due = _Due.at(t, step + 1, state_metrics, stop)
                 if not due.wait:
                     continue
                 reason = log.read(pending, state_metrics.measure(state.params, batch, n_loops,
                                                                  step + 1))
-                pending = None
+                pending = []
                 if reason:
                     break
                 if due.evaluate:
                     log.evaluation(held_out(state.params))
                 if due.save:
-                    checkpointer.save(log.done, state, data_iter, health.unigram.counts)
+                    checkpointer.save(log.done, state, data_iter, health.unigram.counts,
+                                      health.watch())
                     run.flush()  # the rows this checkpoint has seen, stored with it (gs://)
                 if stop.requested:
                     break
@@ -185,7 +194,7 @@ def _loop(s: Setup, run: RunDirectory, workdir: str, started: float, accounting:
               else RunStatus.RUNNING)
     # Stopped by SIGTERM (still `running`) or completed: resumable from its last step.
     if status is not RunStatus.DIVERGED and checkpointer.latest_step() != log.done:
-        checkpointer.save(log.done, state, data_iter, health.unigram.counts)
+        checkpointer.save(log.done, state, data_iter, health.unigram.counts, health.watch())
     final = log.final_evaluation(lambda: held_out(state.params)) \
         if status is RunStatus.COMPLETED else {}
     checkpointer.close()
