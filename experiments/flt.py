@@ -93,10 +93,12 @@ def get_config(arg: str | None = "tiny") -> ConfigDict:
             # Compiled for v5p-128 at batch 512 (8 rows a chip) with the splash attention kernel
             # (model.attention=auto on TPU, 2026-12-05), the step keeps every layer's
             # activations: 38.4 GB a chip at 6 loops, 62.5 at 12, 78.5 at 16 (76% of the chip's
-            # 102.8 GB), 86.5 at 18. Beyond 16 loops keep only each layer's input and recompute
-            # the rest (~1/3 more compute). (With the einsums' attention, which keeps T x T
-            # scores, 6 loops took 66.6 GB and 12 did not fit: 111 GB.)
-            m.remat = "layer"
+            # 102.8 GB), 86.5 at 18. Beyond 16 loops keep each layer's projection and FFN
+            # matmul outputs and recompute the rest (norms, activations, attention): at 18
+            # loops 35.8 GB and an estimated 0.511 s a step, where keeping only each layer's
+            # input (remat=layer) took 14.1 GB and 0.573 s (2026-12-06). (With the einsums'
+            # attention, which keeps T x T scores, 6 loops took 66.6 GB and 12 did not fit.)
+            m.remat = "dots"
     else:  # tiny
         m.head_dim = 64
         c.train.schedule = "constant"

@@ -293,6 +293,17 @@ def _layer_costs(cfg: ModelConfig, seq_len: int,
     return 3 * attn_fwd + ew + ffn_train, attn_fwd + ew / 3 + ffn_fwd, last
 
 
+def _dots_kept(cfg: ModelConfig) -> float:
+    """Forward FLOPs per token of a layer use that `remat=dots` keeps rather than recomputes,
+    less the last matmul (which no remat recomputes): the four attention projections and a
+    dense FFN's first matmuls, dot_generals without batch dimensions. (An MoE's grouped
+    matmuls are another primitive, recomputed.)"""
+    kept = 8 * cfg.d_model * attention_dim(cfg)
+    if cfg.ffn is not FFNKind.MOE:
+        kept += ffn_matrices(cfg) * 2 * cfg.d_model * cfg.ffn_width - 2 * cfg.ffn_width * cfg.d_model
+    return kept
+
+
 def _norms_per_layer_use(cfg: ModelConfig, t: int, layer: int) -> int:
     """RMSNorm applications in one layer on loop t (0-based), injection included."""
     n = 2  # attn_norm, ffn_norm
@@ -366,6 +377,8 @@ def computed_flops_per_token(cfg: ModelConfig, seq_len: int,
     total += sum(n * runs * (train + 2 * norm * D) for n, runs in passes)
     if cfg.remat is Remat.LAYER:
         total += (K * L + sum(n * runs for n, runs in passes)) * (forward - last)
+    elif cfg.remat is Remat.DOTS:
+        total += (K * L + sum(n * runs for n, runs in passes)) * (forward - _dots_kept(cfg) - last)
     elif cfg.remat is Remat.LOOP:
         total += K * (L * forward - last)
         total += sum(runs * (n * forward - last) for n, runs in passes if n)

@@ -191,6 +191,9 @@ CASES = CASES + [(*c, *MID) for c in CASES] + [
     ("experiments/flt.py:tiny", "--config.model.injection=parcae"),
     ("experiments/looped.py:tiny", "--config.model.injection=concat", *MID),
     ("experiments/flt.py:tiny", *PRELUDE_CODA, "--config.model.injection=concat"),
+    # Remat keeping the matmuls without batch dimensions: the attention and elementwise work
+    # recomputed, the projections and FFN matmuls not.
+    ("experiments/flt.py:tiny", "--config.model.remat=dots"),
 ]
 
 

@@ -140,7 +140,7 @@ def _remat_loss(p, c):
 _remat_grad = jax.jit(jax.grad(_remat_loss), static_argnums=1)
 
 
-@pytest.mark.parametrize("remat", ["layer", "loop"])
+@pytest.mark.parametrize("remat", ["layer", "loop", "dots"])
 def test_remat_changes_nothing_numerically(params_by_mode, remat):
     cfg, params = params_by_mode
     g0 = _remat_grad(params, cfg)

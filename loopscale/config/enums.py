@@ -76,9 +76,16 @@ class InitDist(enum.Enum):
 
 
 class Remat(enum.Enum):
+    """What the backward pass recomputes instead of keeping from the forward."""
+
     NONE = "none"
-    LAYER = "layer"
-    LOOP = "loop"
+    LAYER = "layer"  # each layer use keeps its input only
+    LOOP = "loop"  # each loop keeps its input only
+    # Each layer use keeps its matmuls' outputs without batch dimensions (the projections and
+    # the FFN's: jax.checkpoint_policies.dots_with_no_batch_dims_saveable) and recomputes the
+    # rest: norms, activations, rotary, and the attention itself (its q.k and probs.v einsums,
+    # or the splash kernel's forward).
+    DOTS = "dots"
 
 
 class LoopModulation(enum.Enum):

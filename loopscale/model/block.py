@@ -123,6 +123,9 @@ class LayerStack(nn.Module):
         block_cls = Block
         if cfg.remat is Remat.LAYER:
             block_cls = nn.remat(Block, prevent_cse=not cfg.scan)
+        elif cfg.remat is Remat.DOTS:
+            block_cls = nn.remat(Block, prevent_cse=not cfg.scan,
+                                 policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         if cfg.scan:
             scanned = nn.scan(
                 block_cls,
