@@ -9,24 +9,13 @@
 # dropless against capacity dispatch, each with its MaxText-convention MFU, memory, and XLA's
 # estimated step time beside the measured one (loopscale/bench/gpu.py says how).
 #
-# Python: $PY if set, else .venv/bin/python when it exists, else python3 (a GPU image's JAX).
-# Packages that Python lacks travel as wheels in .whl/ (benchmarks/gpu_wheels.sh fetches them
-# on a machine with the package index); they are installed into a private folder first.
+# Python: $PY, else .venv/bin/python, else python3; packages it lacks travel as wheels in .whl/
+# (benchmarks/gpu_python.sh says how).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu_check}
 mkdir -p "$out"
-py=${PY:-}
-if [ -z "$py" ]; then
-    if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    site=$(mktemp -d)
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
-        .whl/*.whl || exit 2
-    export PYTHONPATH="$PYTHONPATH:$site"  # after the checkout, so the image's own JAX wins
-fi
+source benchmarks/gpu_python.sh  # $py, PYTHONPATH, carried wheels
 "$py" -c "import jax; print('gpu_check:', jax.__version__, jax.devices())" || exit 2
 # The tests' verdict goes into the JSON; the timings run whatever it is.
 LOOPSCALE_TEST_GPU=1 "$py" -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" \

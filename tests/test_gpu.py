@@ -69,9 +69,35 @@ def test_the_script_installs_carried_wheels_and_runs_the_gpu_tests_first():
     """benchmarks/gpu_check.sh, read: wheels from .whl/ without the network, the gpu-marked
     tests under LOOPSCALE_TEST_GPU=1 into a JUnit file that the JSON folds in."""
     script = open("benchmarks/gpu_check.sh").read()
-    assert "--no-index" in script and ".whl" in script
+    assert "source benchmarks/gpu_python.sh" in script
+    python = open("benchmarks/gpu_python.sh").read()
+    assert "--no-index" in python and ".whl" in python
     assert "LOOPSCALE_TEST_GPU=1" in script and "--junitxml" in script
     assert "loopscale.bench.gpu" in script and "--tests=" in script
+
+
+def test_the_study_script_trains_measures_and_reports_the_pair(tmp_path, runs_on_one_device):
+    """benchmarks/gpu_study.sh at the CPU smoke-test size: the same sweep, measurements and
+    analysis as on the GPU (looped against unshared, learning rate 1e-3, no intermediate
+    supervision), one seed each; the report and study.json written where RESULTS says."""
+    env = {**os.environ, "ARG": "tiny", "SEEDS": "(0,)", "STEPS": "8", "CONCURRENCY": "1",
+           "RESULTS": str(tmp_path / "results"), "PY": sys.executable}
+    run = subprocess.run(["bash", "benchmarks/gpu_study.sh", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    study = json.loads((tmp_path / "results" / "study.json").read_text())
+    assert study == {**study, "arg": "tiny", "steps": 8, "seeds": "(0,)", "backend": "cpu",
+                     "sweep_exit": 0}
+    runs = sorted((tmp_path / "out" / "sweep" / "runs").iterdir())
+    assert len(runs) == 2
+    for r in runs:
+        config = json.loads((r / "config.json").read_text())
+        assert config["train"]["steps"] == 8 and config["train"]["lr"] == 1e-3
+        assert config["train"]["intermediate_supervision"] is False
+        assert (r / "eval" / "accuracy.json").exists() and (r / "eval" / "lens.json").exists()
+    report = (tmp_path / "results" / "report.md").read_text()
+    assert "| looped | 2 x 2 | 0.001 | no | 0 / 1 | 0 |" in report
+    assert "| unshared | 4 x 1 | 0.001 | no | 0 / 1 | 0 |" in report
 
 
 @pytest.mark.gpu
