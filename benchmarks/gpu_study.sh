@@ -14,7 +14,8 @@
 # solves the task with every seed, unshared 32 does not at this learning rate.
 #
 # Fewer steps than the paper's 20,000, so that six runs fit the time: STEPS (default 3000,
-# chosen before any run; the report and OUT_DIR/study.json say how many). The sweep stops
+# chosen before any run from an assumed ~10 ms a step, not a measured one: no GPU has run it;
+# study.json, beside the report and in OUT_DIR, says how many). The sweep stops
 # after BUDGET_S seconds (default 330) whatever is done; running the script again resumes it,
 # and the analysis names the runs that have no measurement yet.
 #
