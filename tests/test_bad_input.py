@@ -71,6 +71,13 @@ def _workdir_rows():
         (["sweep", pilot, "--sweep.branches=False", "--launcher=slurm",
           "--workdir={bad}/a_file/sweep"], "cannot write there (Not a directory)"),
         (["demo", "--workdir={bad}/a_file/demo"], "cannot write there (Not a directory)"),
+        # Packing GPUs that do not split a node's, or across nodes, or on another launcher.
+        (["sweep", pilot, "--launcher=slurm", "--workdir={bad}/gpus", "--gpus-per-node=8",
+          "--gpus-per-run=3"], "it must divide --gpus-per-node (got 8)"),
+        (["sweep", pilot, "--launcher=slurm", "--workdir={bad}/gpus", "--gpus-per-node=8",
+          "--gpus-per-run=2", "--nodes=2"], "it needs --nodes=1, got 2"),
+        (["sweep", pilot, "--launcher=tpu-pod", "--workdir={bad}/gpus", "--gpus-per-run=2"],
+         "--gpus-per-run packs the runs of --launcher=slurm"),
     ]
     if os.geteuid() != 0:  # root writes into a read-only directory regardless
         rows.append((["train", "--config=experiments/base.py:tiny",

@@ -13,8 +13,9 @@ import sys
 import pytest
 
 from loopscale.sweep import load_sweep
-from loopscale.sweep.launchers import ClusterOptions, script, train_args, trunks_first
-from loopscale.sweep.packing import Need, parse_slice
+from loopscale.sweep.launch_common import ClusterOptions, train_args, trunks_first
+from loopscale.sweep.launchers import script
+from loopscale.sweep.packing import Need, deal, parse_slice
 from loopscale.sweep.plan import plan
 from loopscale.sweep.sizing import Sized
 
@@ -294,6 +295,84 @@ def test_slurm_script_submits_the_branches_after_the_trunks(runs, tmp_path):
                      f"--dependency=afterany:4242 --array={len(first)}-{len(runs) - 1}%3 {path}"]
     assert f"#SBATCH --array=0-{len(first) - 1}%3" in text
     assert {run.config.train.branch_from for run in branches} <= {run.run_id for run in first}
+
+
+# Records its GPUs and arguments; holds a lock on each GPU while it "trains" (a GPU already
+# locked is a CONFLICT); a run named in $FAIL exits 1, one in $DIVERGE exits 3 (diverged).
+STANDIN_GPU_LOOPSCALE = r"""#!/usr/bin/env bash
+line=$(printf '%s\t' "$CUDA_VISIBLE_DEVICES" "$@"); echo "${line%$'\t'}" >> "$RECORD/calls"
+held=()
+for gpu in ${CUDA_VISIBLE_DEVICES//,/ }; do
+  if mkdir "$RECORD/locks/$gpu" 2>/dev/null; then held+=("$gpu")
+  else echo "CONFLICT $gpu" >> "$RECORD/conflicts"; fi
+done
+sleep 0.2
+for gpu in "${held[@]}"; do rmdir "$RECORD/locks/$gpu"; done
+case "$*" in *"$FAIL"*) exit 1 ;; *"$DIVERGE"*) exit 3 ;; esac
+"""
+
+
+def test_packed_slurm_script_gives_each_run_its_own_gpus(tmp_path):
+    """--gpus-per-run=2 on nodes of 4 GPUs: every array task is one node whose two slots train
+    its queue's runs, each once, each on two GPUs of the job's own list that no other run holds
+    meanwhile; the tasks' queues share the runs out, trunks before branches; a failed run fails
+    its task (a diverged one does not), and a task that sees too few GPUs stops in one line."""
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs
+    first, branches = trunks_first(runs)
+    bin_dir, record = tmp_path / "bin", tmp_path / "record"
+    bin_dir.mkdir()
+    (record / "locks").mkdir(parents=True)
+    (bin_dir / "loopscale").write_text(STANDIN_GPU_LOOPSCALE)
+    (bin_dir / "loopscale").chmod(0o755)
+    workdir = str(tmp_path / "sweep")
+    _, text = script("slurm", "isoflop_cpu", runs, workdir,
+                     ClusterOptions(repo=str(tmp_path), loopscale=str(bin_dir / "loopscale"),
+                                    gpus_per_node=4, gpus_per_run=2, parallel=2))
+    bash_n(text, tmp_path)
+    queues = {int(i): q.split() for i, q in re.findall(r"^  (\d+)\) QUEUE=\((.*)\) ;;$", text,
+                                                       re.M)}
+    trunk_tasks = int(re.search(r"^#SBATCH --array=0-(\d+)%2$", text, re.M)[1]) + 1
+    assert f"--array={trunk_tasks}-{len(queues) - 1}%2 " in text  # the branches' tasks
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=4" in text
+    # Every run in exactly one queue; trunks in the first tasks, branches in the rest; as many
+    # tasks as fill each slot once, at most --parallel.
+    assert sorted(sum(queues.values(), [])) == sorted(r.run_id for r in runs)
+    assert set(sum((queues[i] for i in range(trunk_tasks)), [])) == {r.run_id for r in first}
+    assert (trunk_tasks, len(queues) - trunk_tasks) == (2, 2) and len(first) > 4
+    args = {r.run_id: train_args(r, workdir) for r in runs}
+    path = tmp_path / "slurm.sh"
+    path.write_text(text)
+
+    def task(i, gpus="4,5,6,7", **extra):
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record),
+               "SLURM_ARRAY_TASK_ID": str(i), "CUDA_VISIBLE_DEVICES": gpus,
+               "LOGS": str(tmp_path / "logs"), "FAIL": "none", "DIVERGE": "none", **extra}
+        (record / "calls").unlink(missing_ok=True)
+        r = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True)
+        lines = (record / "calls").read_text().splitlines() if (record / "calls").exists() else []
+        return r, [line.split("\t") for line in lines if line]
+
+    queue = queues[0]
+    assert len(queue) >= 3
+    r, ran = task(0, DIVERGE=queue[1])
+    assert r.returncode == 0, r.stderr
+    assert not (record / "conflicts").exists(), (record / "conflicts").read_text()
+    assert sorted(c[1:] for c in ran) == sorted(["train", *args[i]] for i in queue)
+    assert {c[0] for c in ran} == {"4,5", "6,7"}  # both slots, each its share of the job's GPUs
+    assert "0 run(s) failed" in r.stderr
+
+    r, ran = task(1, FAIL=queues[1][0])
+    assert r.returncode == 1 and f"run {queues[1][0]} failed (exit 1" in r.stderr
+    assert len(ran) == len(queues[1])  # the others still trained
+
+    r, ran = task(0, gpus="0")
+    assert r.returncode == 2 and ran == []
+    assert "this task sees 1 GPU(s) (CUDA_VISIBLE_DEVICES), the script packs 4" in r.stderr
+
+
+def test_deal_gives_the_longest_job_to_the_least_loaded_queue():
+    assert deal([("a", 5.0), ("b", 4.0), ("c", 3.0), ("d", 3.0)], 2) == [["a", "d"], ["b", "c"]]
+    assert deal([("a", 1.0)], 3) == [["a"], [], []]
 
 
 def test_sweep_command_writes_or_prints_scripts(tmp_path):

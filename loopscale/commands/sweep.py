@@ -10,7 +10,8 @@ keeps a second runner off DIR. Exit 0 when every run is completed or diverged, 1
 --dry-run prints the commands or the script and writes nothing. With --topology=SLICE the
 tpu-pod script packs the runs onto the slice's chips, each on the fewest chips its compiled
 step fits on, many side by side on every host (loopscale/sweep/launchers.py, packing.py);
-without it every run takes the whole slice in turn."""
+without it every run takes the whole slice in turn. With --gpus-per-run=N the slurm script packs
+runs N GPUs each onto one node's --gpus-per-node, several side by side on each node."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cluster.add_argument("--project", default="")
     cluster.add_argument("--nodes", type=int, default=1, help="Slurm nodes per run")
     cluster.add_argument("--gpus-per-node", type=int, default=0)
+    cluster.add_argument("--gpus-per-run", type=int, default=0,
+                         help="Slurm, one node a task: pack runs this many GPUs each, side by "
+                         "side on each node (default 0: every run holds its whole nodes)")
     cluster.add_argument("--parallel", type=int, default=0, help="Slurm array tasks at once")
     cluster.add_argument("--time", default="24:00:00", help="Slurm time limit per run")
     cluster.add_argument("--partition", default="")
@@ -70,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if args.topology and args.launcher != "tpu-pod":
         raise UsageError("--topology packs the runs of --launcher=tpu-pod; the local and slurm "
                          "launchers do not use it")
+    if args.gpus_per_run and args.launcher != "slurm":
+        raise UsageError("--gpus-per-run packs the runs of --launcher=slurm; the local and "
+                         "tpu-pod launchers do not use it")
     result = make_plan(args)
     if args.launcher != "local":
         return _write_launcher(args, result)
@@ -125,9 +132,8 @@ def _write_launcher(args: argparse.Namespace, result) -> int:
         repo=args.repo, loopscale=args.loopscale_bin, tpu_name=args.tpu_name, zone=args.zone,
         project=args.project, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         parallel=args.parallel, time=args.time, partition=args.partition,
-        sbatch_args=tuple(args.sbatch_arg))
-    if args.nodes < 1:
-        raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
+        sbatch_args=tuple(args.sbatch_arg), gpus_per_run=args.gpus_per_run)
+    options.check()
     sized = size(args, result)
     if sized:
         result = sized.plan  # plan.csv and run.json get the chips and step times too

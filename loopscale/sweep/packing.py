@@ -162,3 +162,15 @@ def _serial(needs: Sequence[Need], startup_s: float, chips: int | None = None) -
         return WallTime(None, f"{len(missing)} run(s) cannot {what} {where}")
     return WallTime(sum(startup_s + n.slice_seconds for n in needs))
 
+
+
+def deal(jobs: Sequence[tuple[str, float]], bins: int) -> list[list[str]]:
+    """(name, time) jobs dealt into `bins` queues: longest first, each to the queue with the
+    least time so far (the lowest index on a tie); each queue in the order it was dealt."""
+    queues: list[list[str]] = [[] for _ in range(bins)]
+    load = [(0.0, i) for i in range(bins)]
+    for name, seconds in sorted(jobs, key=lambda job: -job[1]):  # stable: ties keep their order
+        total, i = heapq.heappop(load)
+        queues[i].append(name)
+        heapq.heappush(load, (total + seconds, i))
+    return queues

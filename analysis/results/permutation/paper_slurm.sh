@@ -14,6 +14,7 @@
 set -euo pipefail
 REPO="${REPO:-~/loopscale}"
 LOOPSCALE="${LOOPSCALE:-loopscale}"
+export JAX_COMPILATION_CACHE_DIR=gs://BUCKET/perm/jax_cache
 
 case "${SLURM_ARRAY_TASK_ID:?submit this script with sbatch}" in
   0) RUN_ID=2d1bc821c348  # looped budget=- d_model=256
@@ -97,7 +98,6 @@ esac
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')
 export JAX_COORDINATOR_ADDRESS="$head_node:$((12000 + SLURM_JOB_ID % 20000))"
 export JAX_NUM_PROCESSES="$SLURM_NNODES"
-export JAX_COMPILATION_CACHE_DIR=gs://BUCKET/perm/jax_cache
 cd "${REPO/#\~/$HOME}"  # a leading ~ is not expanded inside quotes
 echo "==> $RUN_ID on $SLURM_NNODES node(s)"
 rc=0
