@@ -1,4 +1,4 @@
-"""Text corpora: KJV reading, tokenizers, packing, the validation split, the ArrayRecord cache."""
+"""Text corpora: KJV reading, tokenizers, packing, the validation split, the packed cache."""
 
 import dataclasses
 import json
@@ -71,7 +71,7 @@ def test_pack_shifts_and_separates_documents():
     stream = [1, 2, 3, 4, 5, 0, 10, 11, 12, 13, 14, 15, 16, 0]
     assert records.shape == (2, 5) and records.dtype == np.int32
     assert records.ravel().tolist() == stream[:10]
-    ex = {k: v[0] for k, v in text.lm_batch([records[1].astype("<i4").tobytes()]).items()}
+    ex = {k: v[0] for k, v in text.lm_batch(records[1:2]).items()}
     assert ex["inputs"].tolist() == stream[5:9] and ex["targets"].tolist() == stream[6:10]
     assert ex["mask"].all() and ex["inputs"].dtype == np.int32
 
@@ -173,15 +173,15 @@ def test_cache_is_reused_and_keyed(tmp_path, corpus_files, monkeypatch):
     first = next(make_dataset(data, train, 0, "train").iterator())
     packed = list((tmp_path / "cache").glob("packed-*"))
     assert len(packed) == 1 and (packed[0] / "meta.json").exists()
-    mtime = (packed[0] / "train.array_record").stat().st_mtime_ns
+    mtime = (packed[0] / "train.npy").stat().st_mtime_ns
 
     def no_rebuild(*a, **k):
         raise AssertionError("the cache should have been reused")
 
-    monkeypatch.setattr(text, "_write_array_record", no_rebuild)
+    monkeypatch.setattr(text, "_write_records", no_rebuild)
     again = next(make_dataset(data, train, 0, "train").iterator())
     np.testing.assert_array_equal(first["inputs"], again["inputs"])
-    assert (packed[0] / "train.array_record").stat().st_mtime_ns == mtime
+    assert (packed[0] / "train.npy").stat().st_mtime_ns == mtime
     monkeypatch.undo()
     # a different seq_len or different text is a different cache
     make_dataset(data, dataclasses.replace(train, seq_len=16), 0, "train")
@@ -197,7 +197,7 @@ def test_cache_is_reused_and_keyed(tmp_path, corpus_files, monkeypatch):
 
 def test_killed_build_leaves_no_cache(tmp_path, corpus_files, monkeypatch):
     data, train = configs(tmp_path, corpus_files / "*.txt")
-    real = text._write_array_record
+    real = text._write_records
     calls = []
 
     def dies_midway(path, records):
@@ -205,7 +205,7 @@ def test_killed_build_leaves_no_cache(tmp_path, corpus_files, monkeypatch):
         real(path, records)
         raise KeyboardInterrupt  # as if killed after the train file was written
 
-    monkeypatch.setattr(text, "_write_array_record", dies_midway)
+    monkeypatch.setattr(text, "_write_records", dies_midway)
     with pytest.raises(KeyboardInterrupt):
         make_dataset(data, train, 0, "train")
     assert calls and not list((tmp_path / "cache").iterdir())  # no cache, no temporary folder
@@ -261,3 +261,20 @@ def test_default_corpus_is_the_whole_kjv(tmp_path):
     assert n_train > 0.95 * 4.18e6 / 129  # nearly every byte of the text is packed
     b = next(ds.iterator())
     assert b["inputs"].shape == (8, 128)
+
+
+def test_worker_processes_read_the_packed_cache_as_this_one_does(tmp_path, corpus_files):
+    """The memory-mapped source goes to grain's worker processes as its path (it reopens the
+    map there): their batches are this process's."""
+    data, train = configs(tmp_path, corpus_files / "*.txt")
+    inline = make_dataset(data, train, 0, "train").iterator()
+    expected = [next(inline) for _ in range(3)]
+    it = make_dataset(dataclasses.replace(data, worker_count=2), train, 0, "train").iterator()
+    try:
+        got = [next(it) for _ in range(3)]
+    finally:
+        it.close()
+    for a, b in zip(got, expected):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])

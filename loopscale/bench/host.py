@@ -1,12 +1,17 @@
 """What a train step costs the host: the bench's `host_overhead` figure.
 
 The trainer's real loop (`trainer.train`: the next batch, dispatch, the metrics read back,
-the row, its log line and TensorBoard event) on a model whose device step is trivial, so a
-step's wall time is the host's, at a given `log_every`: the accelerator presets' 10 (the
-device read and rows written every 10 steps) and the CPU presets' 1, side by side. It runs N
-and 3N steps in one process after a first run that compiles what both reuse; the extra wall
-time per extra step, less the compiled step's own time (timed alone), is the loop's own.
-Start-up and the final evaluation are in both runs and cancel.
+the row, its log line and TensorBoard event) on a model whose device step is trivial, at a
+given `log_every`: the accelerator presets' 10 (the device read and rows written every 10
+steps) and the CPU presets' 1, side by side. It runs N and 3N steps in one process after a
+first run that compiles what both reuse; start-up and the final evaluation are in both runs and
+cancel, so the difference per extra step is the loop's.
+
+The figure is the CPU time of the trainer's own thread a step (`time.thread_time`): the work an
+accelerator's host does for each step, which must stay below the device step for the device
+never to wait. On this CPU the device is the same two cores, so the wall time a step (reported
+beside it, less the compiled step timed alone) also holds XLA's threads competing with the
+loop's for them, and moves by a millisecond from run to run.
 """
 
 from __future__ import annotations
@@ -26,28 +31,31 @@ TRIVIAL = ("--config.model.d_model=8", "--config.model.n_heads=1", "--config.mod
 
 
 def _train_seconds(count: int, log_every: int):
-    """Wall seconds of a whole trivial run of `count` steps (its output swallowed)."""
+    """(config, wall seconds, this thread's CPU seconds) of a whole trivial run of `count`
+    steps (its output swallowed)."""
     config = steps.load("base.py:tiny", [*TRIVIAL, f"--config.train.steps={count}",
                                          f"--config.train.log_every={log_every}"])
     with tempfile.TemporaryDirectory() as workdir, \
             contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         code = trainer.train(config, workdir, steps.one_device())
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
     if code != 0:
         raise RuntimeError(f"the trivial run of {count} steps exited {code}")
-    return config, seconds
+    return config, seconds, cpu
 
 
 def measure(n: int, reps: int, warmup: int, log_every: int) -> dict:
-    """host_ms (the figure), per_step_ms, the device step's timing, wall_s by step count."""
-    walls = {}
+    """host_ms (the figure: the loop thread's CPU time a step), per_step_ms (wall), wall_ms
+    (wall less the device step), the device step's timing, wall_s and cpu_s by step count."""
+    walls, cpus = {}, {}
     for count in (n, n, 3 * n):  # the first run compiles (the others reuse it) and is dropped
-        config, walls[count] = _train_seconds(count, log_every)
+        config, walls[count], cpus[count] = _train_seconds(count, log_every)
     per_step = (walls[3 * n] - walls[n]) / (2 * n)
     # At least 5 calls after a warm-up one: a first call carries set-up that would swamp a
     # step of this size.
     device = timing.interleaved({"step": steps.TrainStep(config)}, max(reps, 5),
                                 max(warmup, 1))["step"]
-    return {"host_ms": 1e3 * (per_step - device.median), "per_step_ms": 1e3 * per_step,
-            "device_step": device.to_json(), "wall_s": walls}
+    return {"host_ms": 1e3 * (cpus[3 * n] - cpus[n]) / (2 * n), "per_step_ms": 1e3 * per_step,
+            "wall_ms": 1e3 * (per_step - device.median), "device_step": device.to_json(),
+            "wall_s": walls, "cpu_s": cpus}

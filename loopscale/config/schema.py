@@ -226,7 +226,7 @@ class DataConfig:
     val_fraction: float
     # which documents are held out (a corpus with its own validation split ignores it)
     val_split: ValSplit
-    cache_dir: str  # where packed ArrayRecord caches live; empty: ~/.cache/loopscale
+    cache_dir: str  # where packed corpus caches live; empty: ~/.cache/loopscale
     n_nodes: int  # permutation task
     hops_min: int
     hops_max: int

@@ -35,9 +35,9 @@ def _packed(corpus_fn: Callable[[DataConfig], text.Corpus]):
     def build(data: DataConfig, train: TrainConfig, seed: int, split: str):
         packed = text.packed_corpus(corpus_fn(data), data, train.seq_len)
         path = packed.train_path if split == "train" else packed.val_path
-        source = text.record_source(path)
+        source = text.PackedRecords(path)
         examples = Examples(len(source),
-                            lambda indices: text.lm_batch(source.__getitems__(indices.tolist())))
+                            lambda indices: text.lm_batch(source.__getitems__(indices)))
         return examples, packed.vocab_size
 
     return build

@@ -12,8 +12,8 @@ gives the global batch, whatever P is.
 
 Reading. Order, batching and sharding act on example *indices*; each local batch of indices is
 then read in one call (`Examples.read`), so a file source answers a batch with one batched read
-(ArrayRecord's `__getitems__`: ~10 us a record against ~100 us for single reads, which made the
-data loader a sixth of a tiny model's step) and turns it into arrays with one vectorised step.
+(text.PackedRecords: one fancy index of a memory-mapped array) and turns it into arrays with one
+vectorised step.
 
 State. `Dataset.iterator()` returns a grain `DatasetIterator`; `get_state()`/`set_state()` are
 a small JSON-able dict. With orbax, save it beside the train state:

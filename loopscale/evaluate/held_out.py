@@ -44,8 +44,7 @@ def dataset(config: Config, train: TrainConfig, paths: str, process_index: int,
                          f"{train.seq_len + 1} tokens: {available} batches of "
                          f"{train.batch_size}, fewer than the {train.eval_batches} asked for "
                          f"(--batches)")
-    records = [r.astype("<i4").tobytes() for r in records_NxS]
-    examples = Examples(len(records), lambda idx: text.lm_batch([records[i] for i in idx]))
+    examples = Examples(len(records_NxS), lambda idx: text.lm_batch(records_NxS[idx]))
     return assemble(examples, vocab_size=tok.vocab_size, split="eval", seed=config.seed,
                     batch_size=train.batch_size, eval_batches=train.eval_batches,
                     process_index=process_index, process_count=process_count, worker_count=0)
