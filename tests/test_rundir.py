@@ -108,3 +108,36 @@ def test_load_run_names_what_is_missing(tmp_path):
     with pytest.raises(UsageError, match="missing or not a JSON object"):
         load_run(tmp_path / "nowhere")
     assert checkpoint_steps(FIXTURE / "killed" / "checkpoints") == [4]
+
+
+def test_the_writer_thread_keeps_order_and_passes_a_failure_back():
+    """rundir/writer.py: writes run in the order given, off the caller's thread; a failed one
+    raises at the caller's next submit (or wait), and close still stops the thread."""
+    import threading
+
+    from loopscale.rundir.writer import Background
+
+    written, threads = [], set()
+
+    def write(i):
+        threads.add(threading.get_ident())
+        written.append(i)
+
+    writer = Background(limit=4)
+    for i in range(50):  # more than the limit: submit waits for the oldest instead of queueing
+        writer.submit(write, i)
+    writer.wait()
+    assert written == list(range(50)) and threads and threading.get_ident() not in threads
+
+    def fail():
+        raise OSError(28, "No space left on device")
+
+    writer.submit(fail)
+    writer._pending[0].exception()  # wait for it to run (and fail)
+    with pytest.raises(OSError, match="No space left"):
+        writer.submit(write, 50)
+    writer.submit(fail)
+    with pytest.raises(OSError, match="No space left"):
+        writer.close()
+    assert written == list(range(50))  # the submit that raised queued nothing
+    assert not [t for t in threading.enumerate() if t.name.startswith("loopscale-writer")]

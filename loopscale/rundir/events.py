@@ -1,8 +1,9 @@
-"""A run's TensorBoard events, written synchronously in the caller's thread.
+"""A run's TensorBoard events, written by tensorboardX's EventsWriter in the run directory's
+writer thread (writer.py).
 
-tensorboardX's SummaryWriter writes from a thread that dies on a write error (a full disk),
-after which the run blocks forever on its full queue, SIGTERM included; written here, a failed
-write raises where the trainer can report it. On resume, the new events file opens with a
+tensorboardX's SummaryWriter writes from a thread of its own that dies on a write error (a full
+disk), after which the run blocks forever on its full queue, SIGTERM included; written by the
+run directory's thread, a failed write comes back to the trainer, which reports it. On resume, the new events file opens with a
 purge marker at the first step to be logged again, so TensorBoard drops the old file's events
 from that step on and shows each step once, as metrics.jsonl does.
 

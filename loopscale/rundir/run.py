@@ -31,6 +31,7 @@ from loopscale.config import Config, base_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import is_local, read_json, read_jsonl, to_json, write_atomic, write_json
 from loopscale.rundir.events import Events
+from loopscale.rundir.writer import Background
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -218,6 +219,7 @@ class RunDirectory:
         self._metrics: MetricsFile | None = None
         self._tb: Events | None = None
         self._purge_step: int | None = None
+        self._writer: Background | None = None  # created with the first row (process 0 only)
 
     @property
     def checkpoint_dir(self) -> epath.Path:
@@ -258,9 +260,15 @@ class RunDirectory:
         return kept
 
     def log(self, row: dict) -> None:
+        """Queues a metrics row for the writer thread (writer.py); a write that failed earlier
+        raises here."""
         if not self.write:
             return
-        row = to_json(row)
+        if self._writer is None:
+            self._writer = Background()
+        self._writer.submit(self._write_row, to_json(row))  # converted here: the caller's row
+
+    def _write_row(self, row: dict) -> None:
         self._metrics.write(row)
         if self._tb is None:
             self._tb = Events(self.path / TENSORBOARD, self._purge_step)
@@ -270,15 +278,24 @@ class RunDirectory:
         """Stores every metrics row and TensorBoard event logged so far. The trainer calls it
         after each checkpoint save, so that what the checkpoint has seen survives a kill: on an
         object store both are otherwise uploaded in batches (MetricsFile, events.py)."""
+        if self._writer is not None:
+            self._writer.wait()
         if self._metrics is not None:
             self._metrics.flush()
         if self._tb is not None:
             self._tb.flush()
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Writes what is queued and closes the files; a write that failed raises (the files
+        are closed all the same)."""
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if self._metrics is not None:
+                self._metrics.close()
+                self._metrics = None
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None

@@ -182,9 +182,11 @@ def _loop(s: Setup, run: RunDirectory, workdir: str, started: float, accounting:
                 if due.evaluate:
                     log.evaluation(held_out(state.params))
                 if due.save:
+                    # The rows it has seen stored first (they are written in a thread of their
+                    # own): a failed write raises here, before a checkpoint skips past it.
+                    run.flush()
                     checkpointer.save(log.done, state, data_iter, health.unigram.counts,
                                       health.watch())
-                    run.flush()  # the rows this checkpoint has seen, stored with it (gs://)
                 if stop.requested:
                     break
             else:
@@ -194,6 +196,7 @@ def _loop(s: Setup, run: RunDirectory, workdir: str, started: float, accounting:
               else RunStatus.RUNNING)
     # Stopped by SIGTERM (still `running`) or completed: resumable from its last step.
     if status is not RunStatus.DIVERGED and checkpointer.latest_step() != log.done:
+        run.flush()
         checkpointer.save(log.done, state, data_iter, health.unigram.counts, health.watch())
     final = log.final_evaluation(lambda: held_out(state.params)) \
         if status is RunStatus.COMPLETED else {}
