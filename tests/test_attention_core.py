@@ -155,11 +155,12 @@ def test_splash_compiled_for_a_tpu_keeps_no_scores_and_says_it_is_not_priced():
         temps[impl], hlo[impl] = aot.memory(compiled)["temporaries"], compiled.as_text()
     assert "f32[4,2,1024,1024]" in hlo["xla"] and "f32[4,2,1024,1024]" not in hlo["splash"]
     assert aot.unpriced_kernels(hlo["xla"]) == {}
-    assert aot.unpriced_kernels(hlo["splash"]) == {"Pallas TPU kernel (splash attention)": 3}
+    kernel = "Pallas TPU kernel (splash attention, megablox)"
+    assert aot.unpriced_kernels(hlo["splash"]) == {kernel: 3}
     scores = config.model.n_unique * 4 * 2 * 1024 * 1024 * 4
     assert temps["xla"] - temps["splash"] >= scores, temps
     cost = aot.step_cost(config, devices)
-    assert "does not price Pallas TPU kernel (splash attention)" in cost["cost_warning"]
+    assert "does not price Pallas TPU kernel (splash attention, megablox)" in cost["cost_warning"]
 
 
 @pytest.mark.gpu

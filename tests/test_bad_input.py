@@ -71,6 +71,11 @@ def _workdir_rows():
         (["sweep", pilot, "--sweep.branches=False", "--launcher=slurm",
           "--workdir={bad}/a_file/sweep"], "cannot write there (Not a directory)"),
         (["demo", "--workdir={bad}/a_file/demo"], "cannot write there (Not a directory)"),
+        # Megablox takes each expert's matrices whole, and only dropless MoE has a grouped matmul.
+        (["compile", "--config=experiments/moe.py:tiny", "--config.model.moe_matmul=megablox",
+          "--config.mesh.tensor=2", "--config.mesh.data=1"], "it needs mesh.tensor=1 (got 2)"),
+        (["compile", "--config=experiments/moe.py:tiny", "--config.model.moe_matmul=megablox",
+          "--config.model.moe_dispatch=capacity"], "it needs model.moe_dispatch=dropless"),
         # Packing GPUs that do not split a node's, or across nodes, or on another launcher.
         (["sweep", pilot, "--launcher=slurm", "--workdir={bad}/gpus", "--gpus-per-node=8",
           "--gpus-per-run=3"], "it must divide --gpus-per-node (got 8)"),

@@ -208,10 +208,30 @@ def test_libtpu_start_up_is_quiet_on_a_cpu_machine():
 
 def test_moe_steps_get_a_step_time():
     """libtpu's cost model prices lax.top_k and sort at -1 s each, which made every MoE step's
-    estimate negative; the router and the dropless order now use neither."""
+    estimate negative; the router and the dropless order now use neither (with ragged_dot:
+    megablox, dropless MoE's default on TPU, is priced negative, the test below)."""
     target = aot.tpu_target("v5p:2x2x1")
     for dispatch in ("dropless", "capacity"):
         out = aot.report(_config("moe", "--config.train.batch_size=8",
-                                 f"--config.model.moe_dispatch={dispatch}"), target)
+                                 f"--config.model.moe_dispatch={dispatch}",
+                                 "--config.model.moe_matmul=ragged_dot"), target)
         assert out["est_step_time_s"] > 0 and out["cost_warning"] is None, dispatch
         assert 0 < out["est_mfu"] < 1
+
+
+def test_dropless_moe_on_tpu_runs_megablox_and_says_what_xla_cannot_price():
+    """model.moe_matmul=auto compiled for TPU: the experts run in megablox's Pallas kernel
+    (tiny's sequence of 64 takes no splash attention), whose FLOPs and time XLA's cost model
+    leaves out, and whose program it prices negative: the output says both."""
+    config = _config("moe", "--config.train.batch_size=8")
+    out = aot.report(config, aot.tpu_target("v5p:2x2x1"))
+    assert out["fits"] and out["est_step_time_s"] is None
+    assert "does not price Pallas TPU kernel" in out["cost_warning"]
+    assert "negative step time" in out["cost_warning"]
+    # The FLOPs megablox declares: 2 m k n for each of a layer's three matmuls forward, and
+    # backward each one's input gradient (gmm) and weight gradient (tgmm), on every chip's
+    # rows (its batch's tokens times top_k).
+    m = config.model
+    rows = config.train.batch_size * config.train.seq_len // out["chips"] * m.top_k
+    per_layer = 9 * 2 * rows * m.d_model * m.expert_width
+    assert out["kernel_flops_per_chip"] == pytest.approx(per_layer * m.n_unique * m.n_loops)

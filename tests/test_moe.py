@@ -1,6 +1,7 @@
 """Mixture of experts: routing losses, the two dispatch paths, and a per-token reference."""
 
 import dataclasses
+import functools
 import re
 
 import flax.linen as nn
@@ -10,13 +11,14 @@ import numpy as np
 import pytest
 from helpers import init_params, tiny_model_config, tokens, unrolled
 
-from loopscale.config import MeshConfig, MoEDispatch
+from loopscale.config import GroupedMatmul, MeshConfig, MoEDispatch
 from loopscale.model import LoopedLM, unstack_layers
-from loopscale.model.moe import MoE, capacity
+from loopscale.model.moe import MoE, capacity, resolve_matmul
 from loopscale.parallel import mesh as mesh_lib
 
 CFG = tiny_model_config(ffn="moe", n_experts=4, top_k=2, d_ff=64)
 X = jax.random.normal(jax.random.PRNGKey(3), (2, 16, CFG.d_model))
+MEGABLOX = dataclasses.replace(CFG, moe_matmul=GroupedMatmul.MEGABLOX)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +129,28 @@ def test_capacity_and_dropless_gradients_agree_when_capacity_is_ample(moe_params
                  grads(ample), grads(CFG))
 
 
+def test_megablox_matches_ragged_dot_outputs_and_gradients(moe_params):
+    """The Pallas grouped-matmul kernel (interpret mode on this CPU) computes what ragged_dot
+    does, forward and backward (its custom VJP: gmm for the inputs, tgmm for the weights),
+    with 2 x 16 x 2 = 64 assignments in one row tile and, at 2 x 13 x 2 = 52, padded to one."""
+    for x in (X, X[:, :13]):
+        probe = jax.random.normal(jax.random.PRNGKey(5), x.shape)
+
+        def run(cfg):
+            loss = lambda p, x: jnp.sum(apply(p, cfg=cfg, x=x)[0] * probe)  # noqa: E731
+            return apply(moe_params, cfg=cfg, x=x)[0], jax.grad(loss, argnums=(0, 1))(
+                moe_params, x)
+
+        want, got = run(CFG), run(MEGABLOX)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+                     got, want)
+
+
+def test_auto_takes_ragged_dot_here_and_an_explicit_choice_stays():
+    assert resolve_matmul(GroupedMatmul.AUTO) is GroupedMatmul.RAGGED_DOT  # this CPU
+    assert resolve_matmul(GroupedMatmul.MEGABLOX) is GroupedMatmul.MEGABLOX
+
+
 def test_looped_moe_scan_matches_python_loops_and_reports_routing_per_loop():
     cfg = tiny_model_config(ffn="moe", n_experts=4, top_k=2, injection="repeat")
     toks = tokens()
@@ -149,18 +173,21 @@ def _mesh(**sizes):
                                             **sizes}))
 
 
-def _output_and_grads(params, x):
+def _output_and_grads(params, x, cfg=CFG):
     probe = jax.random.normal(jax.random.PRNGKey(5), x.shape)
-    loss = lambda p, x: jnp.sum(apply(p, x=x)[0] * probe)  # noqa: E731
-    return apply(params, x=x)[0], jax.grad(loss, argnums=(0, 1))(params, x)
+    loss = lambda p, x: jnp.sum(apply(p, cfg=cfg, x=x)[0] * probe)  # noqa: E731
+    return apply(params, cfg=cfg, x=x)[0], jax.grad(loss, argnums=(0, 1))(params, x)
 
 
-@pytest.mark.parametrize("sizes", [dict(data=4, fsdp=2), dict(data=2, fsdp=2, expert=2),
-                                   dict(data=2, fsdp=2, tensor=2)])
-def test_dropless_per_shard_matches_one_device(moe_params, sizes):
+@pytest.mark.parametrize("sizes,cfg", [(dict(data=4, fsdp=2), CFG),
+                                       (dict(data=2, fsdp=2, expert=2), CFG),
+                                       (dict(data=2, fsdp=2, tensor=2), CFG),
+                                       (dict(data=4, fsdp=2), MEGABLOX)],
+                         ids=["data-fsdp", "expert", "tensor", "megablox"])
+def test_dropless_per_shard_matches_one_device(moe_params, sizes, cfg):
     """Under data parallelism each shard routes its own tokens (a shard_map over the batch
     axes); outputs and gradients equal the single-device computation, with the parameters
-    sharded as the trainer shards them (FSDP, expert and tensor axes)."""
+    sharded as the trainer shards them (FSDP, expert and tensor axes), megablox's kernel too."""
     x = jax.random.normal(jax.random.PRNGKey(4), (8, 8, CFG.d_model))
     want = jax.jit(_output_and_grads)(moe_params, x)
     mesh = _mesh(**sizes)
@@ -168,8 +195,8 @@ def test_dropless_per_shard_matches_one_device(moe_params, sizes):
     shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh,
                                             mesh_lib.LOGICAL_RULES)
     with mesh_lib.activate(mesh):
-        got = jax.jit(_output_and_grads)(jax.device_put(moe_params, shardings),
-                                         jax.device_put(x, mesh_lib.batch_sharding(mesh)))
+        got = jax.jit(functools.partial(_output_and_grads, cfg=cfg))(
+            jax.device_put(moe_params, shardings), jax.device_put(x, mesh_lib.batch_sharding(mesh)))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), got, want)
 
 

@@ -22,9 +22,11 @@ What comes back, per chip:
 Compiled for TPU, the step gets the launched runs' flags (parallel/xla_flags.py: collectives
 overlapped with compute), and `async_collectives` counts the collectives split into start/done
 pairs and how many of those have compute scheduled between the two.
-XLA's cost model does not price a custom kernel (splash attention's Pallas call, cuDNN's fused
-attention): its FLOPs and time are missing from the estimate, and `cost_warning` says so,
-naming the kernels found in the compiled program.
+XLA's cost model does not price a custom kernel (splash attention's and megablox's Pallas
+calls, cuDNN's fused attention): its FLOPs and time are missing from the estimate, and
+`cost_warning` says so, naming the kernels found in the compiled program. A Pallas kernel may
+declare its own cost (megablox does: 2 m k n a grouped matmul; splash declares none); those
+declared FLOPs are summed from the compiled program into `kernel_flops_per_chip`, beside XLA's.
 """
 
 from __future__ import annotations
@@ -64,10 +66,12 @@ _ARRAY_RE = re.compile(r"(\w+)\[([\d,]*)\]")
 # Pallas kernel on TPU (a tpu_custom_call carrying Pallas's kernel_metadata; libtpu's own
 # custom calls, such as ragged_dot's, carry none and are priced), cuDNN's fused attention, a
 # Pallas GPU kernel through Triton.
-_KERNEL_TARGETS = {"tpu_custom_call": "Pallas TPU kernel (splash attention)",
+_KERNEL_TARGETS = {"tpu_custom_call": "Pallas TPU kernel (splash attention, megablox)",
                    "__cudnn$fmha": "cuDNN fused attention",
                    "__gpu$xla.gpu.triton": "Pallas GPU kernel"}
 _CUSTOM_CALL_RE = re.compile(r'custom_call_target="([^"]+)"')
+# A Pallas TPU call's own cost estimate, in its backend config: "cost_estimate":{"flops":"N",..
+_DECLARED_FLOPS_RE = re.compile(r'cost_estimate\\?":\{\\?"flops\\?":\\?"(\d+)')
 
 
 def _measure_step(config: Config, step: str):
@@ -201,6 +205,12 @@ def unpriced_kernels(hlo_text: str) -> dict[str, int]:
     return found
 
 
+def declared_kernel_flops(hlo_text: str) -> float:
+    """The FLOPs the Pallas TPU calls of a compiled HLO module declare for themselves."""
+    return float(sum(int(n) for line in hlo_text.splitlines() if "kernel_metadata=" in line
+                     for n in _DECLARED_FLOPS_RE.findall(line)))
+
+
 def _prod(dims: str) -> int:
     n = 1
     for d in filter(None, dims.split(",")):
@@ -242,6 +252,7 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
         coll = collectives(hlo)
         kernels.update(unpriced_kernels(hlo))
         figures[k, l] = {"flops": float(cost.get("flops", 0.0)),
+                         "kernel_flops": declared_kernel_flops(hlo),
                          "seconds": float(cost.get("optimal_seconds", 0.0)),
                          **{f"{op}/{key}": float(coll[op][key]) for op in COLLECTIVES
                             for key in ("count", "bytes")}}
@@ -250,23 +261,28 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
            for name in figures[1, 1]}
     out = {
         "xla_flops_per_chip": est["flops"],
+        "kernel_flops_per_chip": est["kernel_flops"],
         "est_step_time_s": est["seconds"] or None,  # 0: this backend's model has no time
         "cost_warning": None,
         "collectives": {op: {"count": round(est[f"{op}/count"]), "bytes": est[f"{op}/bytes"]}
                         for op in COLLECTIVES},
     }
+    warnings = []
     if min(f["seconds"] for f in figures.values()) < 0:
         # libtpu's cost model prices some instructions at -1 s (measured: sort and the top_k
         # custom call, which the model therefore avoids; a program over several slices comes
-        # out negative too); a negative sum is no estimate.
+        # out negative too; so do megablox's group bookkeeping or its kernels); a negative
+        # sum is no estimate.
         out["est_step_time_s"] = None
-        out["cost_warning"] = ("XLA's cost model gives a negative step time for this program "
-                               "(measured for sort, the top_k custom call, and programs over "
-                               "several slices)")
-    elif kernels:
-        out["cost_warning"] = (f"XLA's cost model does not price {' or '.join(sorted(kernels))}: "
-                               "its FLOPs and time are missing from xla_flops_per_chip, "
-                               "est_step_time_s and est_mfu, which are therefore optimistic")
+        warnings.append("XLA's cost model gives a negative step time for this program "
+                        "(measured for sort, the top_k custom call, megablox, and programs over "
+                        "several slices)")
+    if kernels:
+        warnings.append(f"XLA's cost model does not price {' or '.join(sorted(kernels))}: its "
+                        "FLOPs and time are missing from xla_flops_per_chip, est_step_time_s "
+                        "and est_mfu, which are therefore optimistic (the FLOPs the kernels "
+                        "declare themselves are kernel_flops_per_chip)")
+    out["cost_warning"] = "; ".join(warnings) or None
     return out
 
 
@@ -375,6 +391,7 @@ def report(config: Config, target: Target, step: str = "train", cost: bool = Tru
         "model_flops_per_step": model_flops(config, step),
         "model_flops_per_step_maxtext": model_flops(config, step, maxtext=True),
         "xla_flops_per_chip": None,
+        "kernel_flops_per_chip": None,
         "est_step_time_s": None,
         "est_mfu": None,
         "est_mfu_maxtext": None,

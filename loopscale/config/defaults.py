@@ -36,6 +36,7 @@ def base_config() -> ConfigDict:
             top_k=2,
             expert_d_ff=0,
             moe_dispatch="dropless",
+            moe_matmul="auto",
             capacity_factor=1.25,
             qk_norm=False,
             norm_gain=False,

@@ -40,6 +40,14 @@ class AttentionImpl(enum.Enum):
     CUDNN = "cudnn"  # jax.nn.dot_product_attention(implementation="cudnn"): GPUs only
 
 
+class GroupedMatmul(enum.Enum):
+    """How dropless MoE runs its experts' grouped matmul (model/moe.py); both compute the same."""
+
+    AUTO = "auto"  # megablox on TPU (where the tensor axis is 1), ragged_dot elsewhere
+    RAGGED_DOT = "ragged_dot"  # jax.lax.ragged_dot: XLA's own; priced dense over experts on TPU
+    MEGABLOX = "megablox"  # the Pallas TPU grouped-matmul kernel (Pallas interpret mode off TPU)
+
+
 class FFNKind(enum.Enum):
     DENSE = "dense"
     MOE = "moe"

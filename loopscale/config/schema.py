@@ -22,6 +22,7 @@ from loopscale.config.enums import (
     DType,
     FFNKind,
     FlopConvention,
+    GroupedMatmul,
     InitDist,
     Injection,
     LoopDist,
@@ -94,6 +95,7 @@ class ModelConfig:
     top_k: int
     expert_d_ff: int  # 0: d_ff // top_k, so active FFN params equal the dense FFN's
     moe_dispatch: MoEDispatch
+    moe_matmul: GroupedMatmul  # dropless experts' grouped matmul (auto: megablox on TPU)
     capacity_factor: float
     qk_norm: bool
     norm_gain: bool  # RMSNorm with a learnable gain

@@ -14,8 +14,8 @@ from typing import Any
 
 import ml_collections
 
-from loopscale.config.enums import (AttentionImpl, DType, FFNKind, LoopDist, Optimizer, Param,
-                                     WeightDecay)
+from loopscale.config.enums import (AttentionImpl, DType, FFNKind, GroupedMatmul, LoopDist,
+                                     MoEDispatch, Optimizer, Param, WeightDecay)
 from loopscale.config.schema import SPLASH_LANES, Config, InitConfig, ModelConfig, TrainConfig
 from loopscale.errors import UsageError
 
@@ -155,6 +155,13 @@ def parse(cfg: ml_collections.ConfigDict) -> Config:
     if config.model.attention is AttentionImpl.SPLASH and t.seq_len % SPLASH_LANES:
         raise UsageError(f"model.attention=splash needs train.seq_len a multiple of "
                          f"{SPLASH_LANES} (got {t.seq_len}): its blocks fill the TPU's lanes")
+    if config.model.moe_matmul is GroupedMatmul.MEGABLOX:
+        if config.model.moe_dispatch is not MoEDispatch.DROPLESS:
+            raise UsageError("model.moe_matmul=megablox is dropless MoE's grouped matmul: it "
+                             "needs model.moe_dispatch=dropless")
+        if config.mesh.tensor != 1:
+            raise UsageError(f"model.moe_matmul=megablox runs each expert's matmuls whole on a "
+                             f"device: it needs mesh.tensor=1 (got {config.mesh.tensor})")
     if any(not isinstance(k, int) or not 1 <= k <= t.steps for k in t.keep_steps):
         raise UsageError(f"train.keep_steps={t.keep_steps} must be steps between 1 and "
                          f"train.steps={t.steps}")

@@ -26,7 +26,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec
 
 from loopscale.config.schema import SPLASH_LANES, AttentionImpl
-from loopscale.model.sharding import free_batch_axes
+from loopscale.model.sharding import current_platform, free_batch_axes
 
 SPLASH_BLOCKS = (512, 256, 128)  # tried largest first; MaxText's default block is 512
 
@@ -41,13 +41,6 @@ def resolve(impl: AttentionImpl, platform: str, dtype: jnp.dtype, seq_len: int) 
     if platform == "gpu" and jnp.dtype(dtype).itemsize == 2:
         return AttentionImpl.CUDNN
     return AttentionImpl.XLA
-
-
-def current_platform() -> str:
-    """The platform the model is being traced for: the mesh in context's (a TPU topology when
-    `loopscale compile` compiles for one on this CPU), else JAX's default backend."""
-    device = jax.sharding.get_abstract_mesh().abstract_device
-    return device.platform if device is not None else jax.default_backend()
 
 
 def attend(q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, v_BxSxHxK: jax.Array, scale: float,

@@ -1,8 +1,15 @@
 """Token-choice top-k mixture of experts, with two dispatch paths that compute the same thing.
 
 - dropless: every (token, expert) assignment is sorted by expert and the experts run as one
-  grouped matmul (`jax.lax.ragged_dot`), so no token is ever dropped; under data parallelism
-  each batch shard sorts and runs only its own tokens (a shard_map over the batch axes);
+  grouped matmul, so no token is ever dropped; under data parallelism each batch shard sorts
+  and runs only its own tokens (a shard_map over the batch axes). The grouped matmul
+  (`model.moe_matmul`) is `jax.lax.ragged_dot`, or on TPU megablox, the Pallas grouped-matmul
+  kernel shipped in jax (MaxText's choice): libtpu runs ragged_dot as a dense matmul over every
+  expert, which a compile of MoE `:paper` for v5p-128 priced at 3.7e12 FLOPs a chip a step
+  against the 1.6e12 the experts' matmuls are (2026-12-06, docs/compile.md).
+  Megablox's rows come in tiles (`megablox_rows_tile`); the assignments are padded to whole
+  tiles (rows in no group, which it leaves alone) and cut back. Off TPU it runs in Pallas
+  interpret mode, which is how this CPU tests it against ragged_dot (tests/test_moe.py);
 - capacity: GShard/Switch-style, each expert taking at most C = ceil(capacity_factor * T *
   top_k / E) assignments per sequence (top-1 choices first) into a fixed (E, C) buffer, moved
   there and back by index; the rest are dropped and reported as `dropped_frac`.
@@ -17,6 +24,8 @@ mean(logsumexp(logits)^2).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Callable
 
@@ -25,11 +34,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from loopscale.config.schema import MLPKind, ModelConfig, MoEDispatch
+
+from loopscale.config.schema import GroupedMatmul, MLPKind, ModelConfig, MoEDispatch
 from loopscale.model import mup
 from loopscale.model.ffn import activate
 from loopscale.model.layers import weight
-from loopscale.model.sharding import free_batch_axes
+from loopscale.model.sharding import current_platform, free_batch_axes
+
+# The kernels' module (its package's `gmm` attribute is the op with megablox's own VJP).
+megablox = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
 # Logical axis names of (w_up, w_gate, w_down).
 WeightAxes = tuple[tuple[str | None, ...], ...]
@@ -90,7 +103,8 @@ class MoE(nn.Module):
 
         if cfg.moe_dispatch is MoEDispatch.DROPLESS:
             y_BxTxD = _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights,
-                                (axes_in, axes_in, axes_out), cfg.mlp, E)
+                                (axes_in, axes_in, axes_out), cfg.mlp, E,
+                                resolve_matmul(cfg.moe_matmul))
             dropped = jnp.zeros((), jnp.float32)
         else:
             y_BxTxD, dropped = _with_capacity(
@@ -114,8 +128,20 @@ def _expert_ffn(kind: MLPKind, x, weights, matmul: Callable) -> jax.Array:
     return matmul(activate(kind, matmul(x, w_up), gate), w_down)
 
 
+def resolve_matmul(impl: GroupedMatmul) -> GroupedMatmul:
+    """The grouped matmul `impl` is on the platform and mesh in context (auto made concrete):
+    megablox on TPU unless the tensor axis splits the experts' width (the kernel takes each
+    expert's matrices whole), ragged_dot elsewhere."""
+    if impl is not GroupedMatmul.AUTO:
+        return impl
+    mesh = jax.sharding.get_abstract_mesh()
+    tensor = mesh.shape.get("tensor", 1) if mesh.axis_names else 1
+    tpu = current_platform() == "tpu" and tensor == 1
+    return GroupedMatmul.MEGABLOX if tpu else GroupedMatmul.RAGGED_DOT
+
+
 def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightAxes,
-              kind: MLPKind, n_experts: int) -> jax.Array:
+              kind: MLPKind, n_experts: int, impl: GroupedMatmul) -> jax.Array:
     """Dropless dispatch, per data-parallel shard when a mesh is in context.
 
     Sorting the global batch by expert would make every device sort, gather and run every
@@ -123,26 +149,36 @@ def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightA
     would grow with the data-parallel size. Routing never crosses sequences, so each shard
     sorts only its own tokens instead: a shard_map manual over the batch axes, `tensor` left
     to the compiler. A batch the shards cannot split evenly (the trainer's one-row init batch)
-    takes the global path, as does a single device."""
+    takes the global path, as does a single device. Megablox, a Mosaic kernel, cannot be left
+    to the compiler at all: with it the shard_map is manual over every axis (`tensor` is 1
+    there: resolve_matmul, validate.py), and the global path is one too, replicated."""
     mesh = jax.sharding.get_abstract_mesh()
     axes = free_batch_axes(mesh)
     shards = math.prod(mesh.shape[a] for a in axes)
-    if shards == 1 or x_BxTxD.shape[0] % shards:
-        return _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, n_experts)
+    split = shards > 1 and x_BxTxD.shape[0] % shards == 0
+    free = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
+    kernel = impl is GroupedMatmul.MEGABLOX and math.prod(mesh.shape[a] for a in free) > 1
+    if not split and not kernel:
+        return _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, n_experts,
+                               impl)
+    manual = free if kernel else axes
     # Every shard needs every expert whole. The weights enter split as they are stored (ZeRO-3
     # over fsdp, experts over expert) and are all-gathered inside, because the transpose of
     # that all-gather reduce-scatters their gradients; with a replicated in_spec, a v5p compile
     # all-reduced each whole gradient and sliced it instead (twice a reduce-scatter's bytes).
-    weight_specs = tuple(_manual_spec(names, axes) for names in weight_axes)
+    weight_specs = tuple(_manual_spec(names, manual) for names in weight_axes)
 
     def per_shard(x, experts, gates, split_weights):
         whole = tuple(None if w is None else _gather(w, spec)
                       for w, spec in zip(split_weights, weight_specs))
-        return _dropless_local(x, experts, gates, whole, kind, n_experts)
+        return _dropless_local(x, experts, gates, whole, kind, n_experts, impl)
 
-    batch = PartitionSpec(axes)
+    batch = PartitionSpec(axes if split else None)
+    # check_vma off with megablox: its pallas_call declares its outputs without saying how they
+    # vary over the manual axes (they vary as its inputs do; out_specs says so).
     return jax.shard_map(per_shard, mesh=mesh, in_specs=(batch, batch, batch, weight_specs),
-                         out_specs=batch, axis_names=frozenset(axes))(
+                         out_specs=batch, axis_names=frozenset(manual),
+                         check_vma=impl is not GroupedMatmul.MEGABLOX)(
         x_BxTxD, experts_BxTxK, gates_BxTxK, weights)
 
 
@@ -164,7 +200,7 @@ def _gather(w: jax.Array, spec: PartitionSpec) -> jax.Array:
 
 
 def _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind: MLPKind,
-                    n_experts: int) -> jax.Array:
+                    n_experts: int, impl: GroupedMatmul) -> jax.Array:
     B, T, D = x_BxTxD.shape
     k = experts_BxTxK.shape[-1]
     x_NxD = x_BxTxD.reshape(B * T, D)
@@ -181,6 +217,8 @@ def _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind: MLPKind,
     xs_AxD = x_NxD[token_A[order_A]]
 
     def grouped(x, w):
+        if impl is GroupedMatmul.MEGABLOX:
+            return megablox_matmul(x, w, sizes_E)
         return jax.lax.ragged_dot(x, w, sizes_E)
 
     ys_AxD = _expert_ffn(kind, xs_AxD, weights, grouped)
@@ -188,6 +226,54 @@ def _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind: MLPKind,
     y_NxKxD = y_AxD.reshape(B * T, k, D)
     gates_NxK = gates_BxTxK.reshape(B * T, k).astype(y_NxKxD.dtype)
     return jnp.einsum("nkd,nk->nd", y_NxKxD, gates_NxK).reshape(B, T, D)
+
+
+def megablox_rows_tile(rows: int, groups: int) -> int:
+    """Megablox's row tile. The kernel visits every row tile once per group with rows in it,
+    so each group boundary inside a tile costs one more tile (at most groups - 1): the largest
+    of 512, 256, 128 whose extra tiles stay within 15% of the rows' own (MoE `:paper` on
+    v5p-128, 8,192 rows a chip and 8 experts: 128, at most 7 extra tiles on 64); whole
+    sublanes for fewer rows."""
+    return next((t for t in (512, 256, 128) if rows >= t and groups - 1 <= 0.15 * (rows // t)),
+                128 if rows >= 128 else -(-rows // 8) * 8)
+
+
+def megablox_matmul(x_AxD: jax.Array, w_ExDxF: jax.Array, sizes_E: jax.Array) -> jax.Array:
+    """ragged_dot(x, w, sizes) by megablox, the rows padded to whole row tiles (in no group,
+    so the kernel leaves them alone) and cut back."""
+    A = x_AxD.shape[0]
+    tm = megablox_rows_tile(A, w_ExDxF.shape[0])
+    x = jnp.pad(x_AxD, ((0, -(-A // tm) * tm - A), (0, 0)))
+    return _gmm(x, w_ExDxF, sizes_E.astype(jnp.int32), tm, current_platform() != "tpu")[:A]
+
+
+# Megablox's own VJP (megablox.ops.gmm) runs the backward pass at the forward's tiling, so
+# its column tiles must fit both widths: multiples of 128 that pad MoE `:paper`'s 704 and
+# 960 to 768 and 1,024 (+16% of the FLOPs). Each call here takes its own whole widths as one
+# tile instead (a whole dimension is a block the TPU takes whatever its size; 704 x 960 in
+# bfloat16 is 1.4 MB of VMEM): x @ w at (rows, D, F), the inputs' gradient g @ w^T at
+# (rows, F, D), the weights' x^T @ g per expert (tgmm) at (rows, D, F).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _gmm(x_AxD, w_ExDxF, sizes_E, tm: int, interpret: bool):
+    _, D, F = w_ExDxF.shape
+    return megablox.gmm(x_AxD, w_ExDxF, sizes_E, x_AxD.dtype, (tm, D, F), interpret=interpret)
+
+
+def _gmm_fwd(x_AxD, w_ExDxF, sizes_E, tm, interpret):
+    return _gmm(x_AxD, w_ExDxF, sizes_E, tm, interpret), (x_AxD, w_ExDxF, sizes_E)
+
+
+def _gmm_bwd(tm, interpret, residuals, g_AxF):
+    x_AxD, w_ExDxF, sizes_E = residuals
+    E, D, F = w_ExDxF.shape
+    g_x = megablox.gmm(g_AxF, w_ExDxF, sizes_E, x_AxD.dtype, (tm, F, D), transpose_rhs=True,
+                       interpret=interpret)
+    g_w = megablox.tgmm(x_AxD.swapaxes(0, 1), g_AxF, sizes_E, w_ExDxF.dtype, (tm, D, F),
+                        num_actual_groups=E, interpret=interpret)
+    return g_x, g_w, None
+
+
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
 def _with_capacity(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, cap):

@@ -4,6 +4,7 @@ They live with the model (which names the axes, and whose dropless MoE shards ov
 axes) and are read by the trainer (parallel/mesh.py builds the mesh and puts the rules in context).
 """
 
+import jax
 from jax.sharding import AbstractMesh
 
 AXES = ("data", "fsdp", "tensor", "expert")
@@ -41,3 +42,10 @@ def free_batch_axes(mesh: AbstractMesh) -> tuple[str, ...]:
     """The mesh's data-parallel axes not already manual (none without a mesh in context), in
     the order of the activations' batch sharding, so a shard_map over them moves no data."""
     return tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in mesh.manual_axes)
+
+
+def current_platform() -> str:
+    """The platform the model is being traced for: the mesh in context's (a TPU topology when
+    `loopscale compile` compiles for one on this CPU), else JAX's default backend."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    return device.platform if device is not None else jax.default_backend()

@@ -42,7 +42,7 @@ from loopscale.train.schedules import stable_end
 # existed keeps its run ids (and its finished runs) after an upgrade.
 HASH_NEUTRAL = {("model", "n_prelude"): 0, ("model", "n_coda"): 0,
                 ("model", "vocab_multiple"): 1, ("model", "loop_modulation"): "none",
-                ("model", "attention"): "auto",
+                ("model", "attention"): "auto", ("model", "moe_matmul"): "auto",
                 ("mesh", "zero1"): False,
                 ("train", "loop_dist"): "fixed", ("train", "loop_mean"): 4.0,
                 ("train", "loop_sigma"): 0.5, ("train", "loop_max"): 0,
