@@ -13,6 +13,7 @@ from helpers import init_params, tiny_model_config, tokens, unrolled
 
 from loopscale.config import GroupedMatmul, MeshConfig, MoEDispatch
 from loopscale.model import LoopedLM, unstack_layers
+from loopscale.model import moe
 from loopscale.model.moe import MoE, capacity, resolve_matmul
 from loopscale.parallel import mesh as mesh_lib
 
@@ -144,6 +145,19 @@ def test_megablox_matches_ragged_dot_outputs_and_gradients(moe_params):
         want, got = run(CFG), run(MEGABLOX)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
                      got, want)
+
+
+def test_megablox_tiles_fit_vmem_and_pad_least():
+    """Whole widths where their tiles fit the VMEM budget (MoE `:paper`'s 704 x 960 in
+    bfloat16, either way round); at d 1024 x 1376 in float32, where whole widths needed 17.1
+    MiB of libtpu's 16, tiles of 512 along the width that 512 divides and no padding; row tiles
+    keep expert boundaries within 15% of the tiles (8 experts on 8,192 rows: 128)."""
+    assert moe.megablox_widths(128, 704, 960, 2) == (704, 960)
+    assert moe.megablox_widths(128, 960, 704, 2) == (960, 704)
+    for tgmm in (False, True):
+        tk, tn = moe.megablox_widths(256, 1024, 1376, 4, tgmm)
+        assert 1024 % tk == 0 and 1376 % tn == 0 and (tk, tn) != (1024, 1376)
+    assert moe.megablox_rows_tile(8192, 8) == 128 and moe.megablox_rows_tile(52, 4) == 56
 
 
 def test_auto_takes_ragged_dot_here_and_an_explicit_choice_stays():

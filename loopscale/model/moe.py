@@ -247,16 +247,46 @@ def megablox_matmul(x_AxD: jax.Array, w_ExDxF: jax.Array, sizes_E: jax.Array) ->
     return _gmm(x, w_ExDxF, sizes_E.astype(jnp.int32), tm, current_platform() != "tpu")[:A]
 
 
+# The VMEM a megablox call's tiles may take: libtpu's scoped VMEM limit is 16 MiB (a compile
+# of a d 1024 x 1376 float32 matmul with whole-width tiles needed 17.1 MiB and was refused).
+MEGABLOX_VMEM = 12 * 2**20
+
+
+def megablox_widths(tm: int, k: int, n: int, itemsize: int,
+                    tgmm: bool = False) -> tuple[int, int]:
+    """The (k, n) tiles of one megablox call of `tm`-row tiles (gmm: (m, k) @ (k, n) -> (m, n);
+    tgmm: (k, m) @ (m, n) -> (k, n) per group): a whole width, or a multiple of the TPU's 128
+    lanes with the kernel masking what a last tile holds past it; the pair that pads the
+    matmul least among those whose double-buffered input tiles, output tile and float32
+    accumulator fit MEGABLOX_VMEM, the larger on a tie."""
+    def options(d: int) -> list[int]:
+        return [d] + [t for t in (512, 256, 128) if t < d]
+
+    def vmem(tk: int, tn: int) -> int:
+        inputs, out = ((tk * tm + tm * tn), tk * tn) if tgmm else ((tm * tk + tk * tn), tm * tn)
+        return 2 * inputs * itemsize + out * (2 * itemsize + 4)
+
+    def padded(d: int, t: int) -> int:
+        return -(-d // t) * t
+
+    fits = [(tk, tn) for tk in options(k) for tn in options(n) if vmem(tk, tn) <= MEGABLOX_VMEM]
+    return min(fits, key=lambda p: (padded(k, p[0]) * padded(n, p[1]), -p[0] * p[1]))
+
+
 # Megablox's own VJP (megablox.ops.gmm) runs the backward pass at the forward's tiling, so
 # its column tiles must fit both widths: multiples of 128 that pad MoE `:paper`'s 704 and
-# 960 to 768 and 1,024 (+16% of the FLOPs). Each call here takes its own whole widths as one
-# tile instead (a whole dimension is a block the TPU takes whatever its size; 704 x 960 in
-# bfloat16 is 1.4 MB of VMEM): x @ w at (rows, D, F), the inputs' gradient g @ w^T at
-# (rows, F, D), the weights' x^T @ g per expert (tgmm) at (rows, D, F).
+# 960 to 768 and 1,024 (+16% of the FLOPs). Each call here gets its own tiling instead
+# (megablox_widths: whole widths where they fit): x @ w, the inputs' gradient g @ w^T, the
+# weights' x^T @ g per expert (tgmm).
+def _tiling(tm: int, k: int, n: int, dtype, tgmm: bool = False) -> tuple[int, int, int]:
+    return (tm, *megablox_widths(tm, k, n, jnp.dtype(dtype).itemsize, tgmm))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _gmm(x_AxD, w_ExDxF, sizes_E, tm: int, interpret: bool):
     _, D, F = w_ExDxF.shape
-    return megablox.gmm(x_AxD, w_ExDxF, sizes_E, x_AxD.dtype, (tm, D, F), interpret=interpret)
+    return megablox.gmm(x_AxD, w_ExDxF, sizes_E, x_AxD.dtype, _tiling(tm, D, F, x_AxD.dtype),
+                        interpret=interpret)
 
 
 def _gmm_fwd(x_AxD, w_ExDxF, sizes_E, tm, interpret):
@@ -266,10 +296,11 @@ def _gmm_fwd(x_AxD, w_ExDxF, sizes_E, tm, interpret):
 def _gmm_bwd(tm, interpret, residuals, g_AxF):
     x_AxD, w_ExDxF, sizes_E = residuals
     E, D, F = w_ExDxF.shape
-    g_x = megablox.gmm(g_AxF, w_ExDxF, sizes_E, x_AxD.dtype, (tm, F, D), transpose_rhs=True,
-                       interpret=interpret)
-    g_w = megablox.tgmm(x_AxD.swapaxes(0, 1), g_AxF, sizes_E, w_ExDxF.dtype, (tm, D, F),
-                        num_actual_groups=E, interpret=interpret)
+    g_x = megablox.gmm(g_AxF, w_ExDxF, sizes_E, x_AxD.dtype, _tiling(tm, F, D, g_AxF.dtype),
+                       transpose_rhs=True, interpret=interpret)
+    g_w = megablox.tgmm(x_AxD.swapaxes(0, 1), g_AxF, sizes_E, w_ExDxF.dtype,
+                        _tiling(tm, D, F, x_AxD.dtype, tgmm=True), num_actual_groups=E,
+                        interpret=interpret)
     return g_x, g_w, None
 
 
