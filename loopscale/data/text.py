@@ -303,30 +303,27 @@ def packed_corpus(corpus: Corpus, data: DataConfig, seq_len: int) -> PackedCorpu
 
 class PackedRecords:
     """A split's packed records as grain's random-access source (`__len__`, `__getitem__`,
-    `__getitems__`): rows of the memory-mapped array, opened on first read (so the source
-    pickles as its path, for grain's worker processes)."""
+    `__getitems__`): rows of the memory-mapped array. It pickles as its path (grain's worker
+    processes map the file again)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._rows: np.ndarray | None = None
-        self._len = int(np.load(path, mmap_mode="r").shape[0])
-
-    def _array(self) -> np.ndarray:
-        if self._rows is None:
-            self._rows = np.load(self.path, mmap_mode="r")
-        return self._rows
+        self._rows = np.load(path, mmap_mode="r")
 
     def __len__(self) -> int:
-        return self._len
+        return len(self._rows)
 
     def __getitem__(self, index: int) -> np.ndarray:
-        return np.asarray(self._array()[index])
+        return np.asarray(self._rows[index])
 
     def __getitems__(self, indices: Sequence[int]) -> np.ndarray:
-        return self._array()[np.asarray(indices, np.int64)]  # a copy: fancy indexing
+        return self._rows[np.asarray(indices, np.int64)]  # a copy: fancy indexing
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_rows": None, "_len": self._len}
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
 
 
 def lm_batch(records: np.ndarray) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Sequence
 
 from loopscale.errors import UsageError
+from loopscale.rundir.status import ExitCode
 from loopscale.sweep.plan_table import PlannedRun
 
 
@@ -88,3 +89,32 @@ def run_args_function(runs: Sequence[PlannedRun], workdir: str,
                      + ") ;;")
     lines += ["  esac", "}"]
     return lines
+
+
+def claims(whose: str) -> list[str]:
+    """Bash: $CLAIMS, the packing slots' bookkeeping (`whose`: this invocation's, this
+    node's), removed on exit."""
+    return [f"# {whose} bookkeeping: a run is started by the slot that first creates",
+            "# $CLAIMS/RUN_ID (mkdir is atomic), and failures are listed in $CLAIMS/failed.",
+            "CLAIMS=$(mktemp -d \"${TMPDIR:-/tmp}/loopscale-claims.XXXXXX\")",
+            "trap 'rm -rf \"$CLAIMS\"' EXIT"]
+
+
+def record_failure(indent: str, again: str) -> list[str]:
+    """Bash after a run's `rc=$?`: a failure (not a divergence) is said and listed in
+    $CLAIMS/failed; `again` is what to run again to retry it."""
+    diverged = ExitCode.DIVERGED.value
+    return [f"{indent}# 0: completed, {diverged}: diverged (a result, not a failure); anything "
+            "else is retried by",
+            f"{indent}# running {again} again (`loopscale train` resumes from the checkpoint).",
+            f"{indent}if [ \"$rc\" -ne 0 ] && [ \"$rc\" -ne {diverged} ]; then",
+            f"{indent}  echo \"run $id failed (exit $rc; log: $LOGS/$id.log)\" >&2",
+            f"{indent}  echo \"$id\" >>\"$CLAIMS/failed\"",
+            f"{indent}fi"]
+
+
+# Bash at the end: how many runs failed, and the script's status (0: none).
+FAILURES = ["failed=$(cat \"$CLAIMS/failed\" 2>/dev/null | wc -l | tr -d ' ')",
+            "echo \"$failed run(s) failed\" >&2",
+            "[ \"$failed\" -eq 0 ]"]
+

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 from loopscale.parallel import xla_flags
 from loopscale.rundir.status import ExitCode
-from loopscale.sweep.launch_common import (ClusterOptions, budget_text, header, join_path,
+from loopscale.sweep.launch_common import (FAILURES, ClusterOptions, budget_text, claims,
+                                           header, join_path, record_failure,
                                            run_args_function, train_args, trunks_first)
 from loopscale.sweep.packing import deal
 from loopscale.sweep.plan_table import PlannedRun
@@ -164,10 +165,7 @@ def slurm_packed_script(name: str, runs: Sequence[PlannedRun], workdir: str,
         "fi",
         "mkdir -p \"$LOGS\" && LOGS=$(cd \"$LOGS\" && pwd)",
         "cd \"${REPO/#\\~/$HOME}\"  # a leading ~ is not expanded inside quotes",
-        "# This node's bookkeeping: a run is started by the slot that first creates",
-        "# $CLAIMS/RUN_ID (mkdir is atomic), and failures are listed in $CLAIMS/failed.",
-        "CLAIMS=$(mktemp -d \"${TMPDIR:-/tmp}/loopscale-claims.XXXXXX\")",
-        "trap 'rm -rf \"$CLAIMS\"' EXIT",
+        *claims("This node's"),
         "trap 'trap - INT TERM; kill 0' INT TERM  # cancelled: stop every slot's run",
         "",
         "# slot K: one `loopscale train` at a time on GPUs K*PER_RUN.. of the job's list, each",
@@ -182,21 +180,13 @@ def slurm_packed_script(name: str, runs: Sequence[PlannedRun], workdir: str,
         "    CUDA_VISIBLE_DEVICES=\"$devices\" $LOOPSCALE train \"${ARGS[@]}\" </dev/null "
         ">>\"$LOGS/$id.log\" 2>&1",
         "    rc=$?",
-        f"    # 0: completed, {ExitCode.DIVERGED.value}: diverged (a result, not a failure); "
-        "anything else",
-        "    # is retried by running this task again (`loopscale train` resumes the run).",
-        f"    if [ \"$rc\" -ne 0 ] && [ \"$rc\" -ne {ExitCode.DIVERGED.value} ]; then",
-        "      echo \"run $id failed (exit $rc; log: $LOGS/$id.log)\" >&2",
-        "      echo \"$id\" >>\"$CLAIMS/failed\"",
-        "    fi",
+        *record_failure("    ", "this task"),
         "  done",
         "}",
         "",
         "for k in $(seq 0 $((SLOTS - 1))); do slot \"$k\" & done",
         "wait",
-        "failed=$(cat \"$CLAIMS/failed\" 2>/dev/null | wc -l | tr -d ' ')",
-        "echo \"$failed run(s) failed\" >&2",
-        "[ \"$failed\" -eq 0 ]",
+        *FAILURES,
         "",
     ]
     return "\n".join(lines)

@@ -19,8 +19,9 @@ import shlex
 from collections.abc import Sequence
 
 from loopscale.parallel import xla_flags
-from loopscale.sweep.launch_common import (ClusterOptions, header, join_path,
-                                           run_args_function, trunks_first)
+from loopscale.sweep.launch_common import (FAILURES, ClusterOptions, claims, header,
+                                           join_path, record_failure, run_args_function,
+                                           trunks_first)
 from loopscale.sweep.packing import Phase, phases, slots
 from loopscale.sweep.plan_table import PlannedRun
 from loopscale.sweep.sizing import Sized
@@ -63,10 +64,7 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
         "LIBTPU_ARGS=\"${LIBTPU_INIT_ARGS:+$LIBTPU_INIT_ARGS }"
         f"{xla_flags.as_args(xla_flags.TPU)}\"",
         "mkdir -p \"$LOGS\"",
-        "# This invocation's bookkeeping: a run is started by the slot that first creates",
-        "# $CLAIMS/RUN_ID (mkdir is atomic), and failures are listed in $CLAIMS/failed.",
-        "CLAIMS=$(mktemp -d \"${TMPDIR:-/tmp}/loopscale-claims.XXXXXX\")",
-        "trap 'rm -rf \"$CLAIMS\"' EXIT",
+        *claims("This invocation's"),
         "# Interrupted: stop every slot and its ssh sessions (the whole process group).",
         "trap 'trap - INT TERM; kill 0' INT TERM",
         "",
@@ -93,12 +91,7 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
         "${PROJECT:+--project=\"$PROJECT\"} --worker=\"$worker\" --command=\"$remote\" "
         "</dev/null >>\"$LOGS/$id.log\" 2>&1",
         "  rc=$?",
-        "  # 0: completed, 3: diverged (a result, not a failure); anything else is retried by",
-        "  # running this script again (`loopscale train` resumes from the checkpoint).",
-        "  if [ \"$rc\" -ne 0 ] && [ \"$rc\" -ne 3 ]; then",
-        "    echo \"run $id failed (exit $rc; log: $LOGS/$id.log)\" >&2",
-        "    echo \"$id\" >>\"$CLAIMS/failed\"",
-        "  fi",
+        *record_failure("  ", "this script"),
         "}",
         "",
         "# slot WORKER CHIPS BOUNDS PORT RUN_ID...: one process at a time on chips CHIPS of host",
@@ -164,9 +157,7 @@ def tpu_pod_script(name: str, runs: Sequence[PlannedRun], workdir: str, o: Clust
             lines.append("wait")
         lines.append("")
     lines += [
-        "failed=$(cat \"$CLAIMS/failed\" 2>/dev/null | wc -l | tr -d ' ')",
-        "echo \"$failed run(s) failed\" >&2",
-        "[ \"$failed\" -eq 0 ]",
+        *FAILURES,
         "",
     ]
     return "\n".join(lines)
