@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from loopscale import flops
-from loopscale.config import load_config, parse
+from loopscale.config import GradReduction, load_config, parse
 from loopscale.errors import UsageError
 from loopscale.files import to_json
 from loopscale.sweep import base_sweep, load_sweep, parse_sweep
@@ -458,6 +458,7 @@ def test_a_field_added_later_keeps_the_run_ids_planned_before_it():
     before = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode())
     assert config_hash(config) == before.hexdigest()[:12]
     for section, field, value in [("model", "n_prelude", 1), ("model", "n_coda", 1),
-                                  ("train", "bptt_loops", 1), ("train", "loop_max", 8)]:
+                                  ("train", "bptt_loops", 1), ("train", "loop_max", 8),
+                                  ("train", "grad_reduction", GradReduction.PER_USE)]:
         part = dataclasses.replace(getattr(config, section), **{field: value})
         assert config_hash(dataclasses.replace(config, **{section: part})) != config_hash(config)

@@ -13,6 +13,7 @@ from loopscale.config.schema import (
     DataSource,
     FFNKind,
     FlopConvention,
+    GradReduction,
     GroupedMatmul,
     Injection,
     LoopDist,
@@ -31,7 +32,7 @@ from loopscale.config.validate import parse, parse_model
 
 __all__ = [
     "AttentionImpl", "Config", "DataConfig", "DataSource", "FFNKind", "FlopConvention",
-    "GroupedMatmul", "Injection", "LoopDist", "LoopModulation", "LossLoops",
+    "GradReduction", "GroupedMatmul", "Injection", "LoopDist", "LoopModulation", "LossLoops",
     "MeshConfig", "MLPKind", "ModelConfig", "MoEDispatch", "Param", "Remat", "Schedule",
     "TrainConfig", "base_config", "load_config", "parse", "parse_model",
 ]

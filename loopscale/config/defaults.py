@@ -96,6 +96,7 @@ def base_config() -> ConfigDict:
             loop_sigma=0.5,
             loop_max=0,
             bptt_loops=0,
+            grad_reduction="once",
             intermediate_supervision=False,
             log_every=1,
             eval_every=50,

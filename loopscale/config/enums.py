@@ -48,6 +48,16 @@ class GroupedMatmul(enum.Enum):
     MEGABLOX = "megablox"  # the Pallas TPU grouped-matmul kernel (Pallas interpret mode off TPU)
 
 
+class GradReduction(enum.Enum):
+    """When the data-parallel gradient is summed across devices (train/step.py)."""
+
+    # Each device sums its own gradient over every use of a shared weight (every loop) and
+    # every micro-batch, then one all-reduce over `data` per step; dense models (an MoE keeps
+    # per_use: its load-balancing loss is a statistic of the whole batch)
+    ONCE = "once"
+    PER_USE = "per_use"  # as XLA partitions the step by itself: one reduction per use
+
+
 class FFNKind(enum.Enum):
     DENSE = "dense"
     MOE = "moe"

@@ -22,6 +22,7 @@ from loopscale.config.enums import (
     DType,
     FFNKind,
     FlopConvention,
+    GradReduction,
     GroupedMatmul,
     InitDist,
     Injection,
@@ -196,6 +197,10 @@ class TrainConfig:
     # Truncated backpropagation: the gradient flows through the last bptt_loops iterations of
     # the core only (the stream entering the one before is a constant); 0: through all.
     bptt_loops: int
+    # once: each device sums its gradient over every use of a shared weight (each loop) and
+    # every micro-batch, then one all-reduce over `data` a step (train/step.py; dense models);
+    # per_use: as XLA partitions the step by itself, one reduction per use
+    grad_reduction: GradReduction
     intermediate_supervision: bool
     log_every: int
     eval_every: int

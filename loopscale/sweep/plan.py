@@ -46,7 +46,8 @@ HASH_NEUTRAL = {("model", "n_prelude"): 0, ("model", "n_coda"): 0,
                 ("mesh", "zero1"): False,
                 ("train", "loop_dist"): "fixed", ("train", "loop_mean"): 4.0,
                 ("train", "loop_sigma"): 0.5, ("train", "loop_max"): 0,
-                ("train", "bptt_loops"): 0}
+                ("train", "bptt_loops"): 0,
+                ("train", "grad_reduction"): "once"}
 
 
 def config_hash(config: Config) -> str:

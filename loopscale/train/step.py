@@ -10,14 +10,17 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
+from loopscale.config.enums import FFNKind, GradReduction
 from loopscale.config.schema import TrainConfig
 from loopscale.model import LoopedLM, ModelOutputs, StreamEdit
 from loopscale.model.loss import cross_entropy, lm_loss, z_loss
+from loopscale.model.sharding import current_platform
 from loopscale.train.diagnostics import routing_overlap
 from loopscale.train.optimizer import scheduled_update
 
@@ -132,29 +135,102 @@ def micro_batches(batch, accum: int):
     return jax.tree.map(split, batch)
 
 
+def _tokens(batch) -> jax.Array:
+    return jnp.sum(batch["mask"].astype(jnp.float32))
+
+
 def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
-              frozen_loops: jax.Array | None = None, max_frozen: int = 0):
-    grad_fn = functools.partial(jax.value_and_grad(loss_fn, has_aux=True),
-                                frozen_loops=frozen_loops, max_frozen=max_frozen)
+              frozen_loops: jax.Array | None = None, max_frozen: int = 0,
+              total: jax.Array | None = None):
+    """(loss, aux, grads) of the batch, its micro-batches summed. Each micro-batch's loss is a
+    mean over its own masked tokens; weighted by its share of the batch's `total` masked
+    tokens, the summed loss and gradient are those of the whole batch at once. `total`: the
+    masked tokens of the whole batch where this program holds only its own rows of it
+    (`local_gradients`, which sums the results over the devices); None: these."""
+    whole = total is None and train.grad_accum == 1
+    if total is None:
+        total = jnp.maximum(_tokens(batch), 1.0)
+
+    def objective(p, micro):
+        loss, aux = loss_fn(p, micro, model, train, n_loops, frozen_loops=frozen_loops,
+                            max_frozen=max_frozen)
+        if whole:  # the batch all at once in one program: its own mean is the loss
+            return loss, aux
+        return loss * (_tokens(micro) / total), aux
+
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
     if train.grad_accum == 1:
-        (loss, aux), grads = grad_fn(params, batch, model, train, n_loops)
+        (loss, aux), grads = grad_fn(params, batch)
         return loss, aux, grads
 
-    # Each micro-batch's loss is a mean over its own masked tokens; weight it by that count so
-    # the accumulated loss and gradient equal those of the whole batch at once.
     def body(carry, micro):
-        (loss, aux), grads = grad_fn(params, micro, model, train, n_loops)
-        count = jnp.sum(micro["mask"].astype(jnp.float32))
-        acc_loss, acc_grads, acc_count = carry
-        acc_grads = jax.tree.map(lambda a, g: a + count * g, acc_grads, grads)
-        return (acc_loss + count * loss, acc_grads, acc_count + count), aux
+        (loss, aux), grads = grad_fn(params, micro)
+        acc_loss, acc_grads = carry
+        return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), aux
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    init = (jnp.zeros((), jnp.float32), zeros, jnp.zeros((), jnp.float32))
-    (loss, grads, count), aux = jax.lax.scan(body, init, micro_batches(batch, train.grad_accum))
-    scale = 1.0 / jnp.maximum(count, 1.0)
-    return loss * scale, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), jax.tree.map(
-        lambda g: g * scale, grads)
+    init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    (loss, grads), aux = jax.lax.scan(body, init, micro_batches(batch, train.grad_accum))
+    return loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), grads
+
+
+def once_axes(model: LoopedLM, train: TrainConfig) -> tuple[str, ...]:
+    """The mesh axes over which `local_gradients` sums the gradient once a step: `data`
+    where it splits the batch, the model is dense and the config asks for it; () otherwise.
+    `data` only: parameters are never split over it, while `fsdp` splits them (its gathers
+    stay XLA's) and `expert` splits an MoE's experts. An MoE keeps XLA's per-use reduction:
+    its load-balancing loss is a statistic of the whole batch, not a sum over shards."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if (train.grad_reduction is not GradReduction.ONCE or model.cfg.ffn is not FFNKind.DENSE
+            or "data" not in mesh.axis_names or "data" in mesh.manual_axes
+            or mesh.shape["data"] == 1):
+        return ()
+    return ("data",)
+
+
+def _without(rules, manual: tuple[str, ...]):
+    """The logical axis rules with the shard_map's manual axes taken out: inside it, the
+    activations' constraints may name only the axes the compiler still partitions."""
+    def kept(axes):
+        axes = (axes,) if isinstance(axes, str) else axes or ()
+        left = tuple(a for a in axes if a not in manual)
+        return left[0] if len(left) == 1 else left or None
+    return tuple((name, kept(axes)) for name, axes in rules)
+
+
+def local_gradients(axes: tuple[str, ...], params, batch, model: LoopedLM, train: TrainConfig,
+                    n_loops: int, frozen_loops: jax.Array | None = None, max_frozen: int = 0):
+    """`gradients` with one reduction a step: a shard_map manual over `axes` (the rest left to
+    the compiler) in which each device differentiates its own rows with respect to its own
+    copy of the parameters, summing the gradient over every loop's use of the shared block
+    and every micro-batch; then one all-reduce. Left to XLA, the step all-reduces each use's
+    gradient as it is made (measured: all-reduce bytes growing with the loop count,
+    tests/test_grad_reduction.py). The loss is exact (each device's mean weighted by its share
+    of the masked tokens); the other metrics are the devices' mean, exact where every device
+    holds as many masked tokens (packed text, the algorithmic tasks). Each device's gradient
+    is summed in float32 and then reduced in the model's compute dtype (off CPUs)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    rules = _without(nn.get_logical_axis_rules(), axes)
+    # The sum travels in the compute dtype, as the partial sums of each use did under XLA's
+    # own partitioning (bfloat16 at paper scale: half the bytes of the float32 gradient). Not
+    # on CPUs: XLA:CPU widens a bfloat16 all-reduce to float32 anyway, and jaxlib 0.10.2
+    # aborts doing so on this one (AllReducePromotion: "Invalid binary instruction opcode").
+    wire = jnp.float32 if current_platform() == "cpu" else jnp.dtype(model.cfg.dtype.value)
+
+    def local(params, batch, frozen):
+        total = jnp.maximum(jax.lax.psum(_tokens(batch), axes), 1.0)
+        with nn.logical_axis_rules(rules):
+            loss, aux, grads = gradients(params, batch, model, train, n_loops, frozen,
+                                         max_frozen, total)
+        return (jax.lax.psum(loss, axes), jax.tree.map(lambda x: jax.lax.pmean(x, axes), aux),
+                jax.tree.map(lambda g: jax.lax.psum(g.astype(wire), axes).astype(g.dtype), grads))
+
+    rows = jax.sharding.PartitionSpec(axes)
+    whole = jax.sharding.PartitionSpec()
+    # check_vma off: the splash kernel's own shard_map inside (model/attention_core.py) does
+    # not say how its outputs vary, which the checked autodiff needs. Nothing is reduced
+    # inside the differentiated function, so its gradient is each device's own.
+    return jax.shard_map(local, mesh=mesh, in_specs=(whole, rows, whole), out_specs=whole,
+                         axis_names=frozenset(axes), check_vma=False)(params, batch, frozen_loops)
 
 
 def train_step(state: TrainState, batch, lr_factor: jax.Array, frozen_loops=None, *,
@@ -163,8 +239,10 @@ def train_step(state: TrainState, batch, lr_factor: jax.Array, frozen_loops=None
     """One optimiser step; `lr_factor` is the schedule's multiplier lr_t / peak for this step
     (an argument, so the compiled step does not depend on the schedule: optimizer.py);
     `frozen_loops` with `max_frozen`: the step shared across loop counts (`loss_fn`)."""
-    loss, aux, grads = gradients(state.params, batch, model, train, n_loops, frozen_loops,
-                                 max_frozen)
+    axes = once_axes(model, train)
+    reduced = functools.partial(local_gradients, axes) if axes else gradients
+    loss, aux, grads = reduced(state.params, batch, model, train, n_loops, frozen_loops,
+                               max_frozen)
     updates, opt_state = scheduled_update(tx, grads, state.opt_state, state.params, lr_factor)
     params = optax.apply_updates(state.params, updates)
     layer_grads = grads["loop"]["stack"]
