@@ -81,6 +81,11 @@ def test_reduced_once_trains_as_xlas_partitioning_does():
     ("looped.py:tiny", ["--config.mesh.data=1", "--config.mesh.fsdp=8",
                         "--config.train.batch_size=16"], ()),
     ("looped_moe.py:tiny", DATA8, ()),  # its load-balancing loss needs the whole batch
+    ("looped.py:tiny", ["--config.mesh.data=4", "--config.mesh.fsdp=2",
+                        "--config.train.batch_size=16"], ("data",)),
+    ("looped.py:tiny", ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+                        "--config.model.n_heads=2", "--config.model.head_dim=32",
+                        "--config.train.batch_size=16"], ()),  # XLA aborts on it (step.py)
 ])
 def test_where_the_gradient_is_reduced_once(family, overrides, axes):
     config = steps.load(family, overrides)

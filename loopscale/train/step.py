@@ -175,7 +175,8 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
 
 def once_axes(model: LoopedLM, train: TrainConfig) -> tuple[str, ...]:
     """The mesh axes over which `local_gradients` sums the gradient once a step: `data`
-    where it splits the batch, the model is dense and the config asks for it; () otherwise.
+    where it splits the batch, the model is dense, the config asks for it and at most one
+    other axis splits the step; () otherwise.
     `data` only: parameters are never split over it, while `fsdp` splits them (its gathers
     stay XLA's) and `expert` splits an MoE's experts. An MoE keeps XLA's per-use reduction:
     its load-balancing loss is a statistic of the whole batch, not a sum over shards."""
@@ -183,6 +184,11 @@ def once_axes(model: LoopedLM, train: TrainConfig) -> tuple[str, ...]:
     if (train.grad_reduction is not GradReduction.ONCE or model.cfg.ffn is not FFNKind.DENSE
             or "data" not in mesh.axis_names or "data" in mesh.manual_axes
             or mesh.shape["data"] == 1):
+        return ()
+    # XLA's partitioner (jaxlib 0.10.2) aborts on a step manual over `data` that two other
+    # axes split (data x fsdp x tensor: a failed check in spmd_partitioner_util.cc, measured);
+    # one other axis is fine.
+    if sum(mesh.shape[a] > 1 for a in mesh.axis_names if a != "data") > 1:
         return ()
     return ("data",)
 
