@@ -52,8 +52,8 @@ class GradReduction(enum.Enum):
     """When the data-parallel gradient is summed across devices (train/step.py)."""
 
     # Each device sums its own gradient over every use of a shared weight (every loop) and
-    # every micro-batch, then one all-reduce over `data` per step; dense models (an MoE keeps
-    # per_use: its load-balancing loss is a statistic of the whole batch)
+    # every micro-batch, then one all-reduce over `data` per step, where train/step.py
+    # `once_axes` allows it (dense models, at most one other mesh axis split); per_use elsewhere
     ONCE = "once"
     PER_USE = "per_use"  # as XLA partitions the step by itself: one reduction per use
 

@@ -197,9 +197,7 @@ class TrainConfig:
     # Truncated backpropagation: the gradient flows through the last bptt_loops iterations of
     # the core only (the stream entering the one before is a constant); 0: through all.
     bptt_loops: int
-    # once: each device sums its gradient over every use of a shared weight (each loop) and
-    # every micro-batch, then one all-reduce over `data` a step (train/step.py; dense models);
-    # per_use: as XLA partitions the step by itself, one reduction per use
+    # once (one all-reduce a step) or per_use (XLA's own): enums.GradReduction
     grad_reduction: GradReduction
     intermediate_supervision: bool
     log_every: int
