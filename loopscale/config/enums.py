@@ -49,13 +49,15 @@ class GroupedMatmul(enum.Enum):
 
 
 class GradReduction(enum.Enum):
-    """When the data-parallel gradient is summed across devices (train/step.py)."""
+    """When the data-parallel gradient is summed across devices, and fsdp's parameters
+    gathered (train/step.py)."""
 
     # Each device sums its own gradient over every use of a shared weight (every loop) and
-    # every micro-batch, then one all-reduce over `data` per step, where train/step.py
-    # `once_axes` allows it (dense models, at most one other mesh axis split); per_use elsewhere
+    # every micro-batch, then one reduction over `data` and `fsdp` per step (fsdp's
+    # parameters gathered once, before the loops), where train/step.py `once_axes` allows it
+    # (dense models, at most one other mesh axis split); per_use elsewhere
     ONCE = "once"
-    PER_USE = "per_use"  # as XLA partitions the step by itself: one reduction per use
+    PER_USE = "per_use"  # as XLA partitions the step by itself: at every use
 
 
 class FFNKind(enum.Enum):

@@ -39,7 +39,7 @@ from loopscale.config.schema import GroupedMatmul, MLPKind, ModelConfig, MoEDisp
 from loopscale.model import mup
 from loopscale.model.ffn import activate
 from loopscale.model.layers import weight
-from loopscale.model.sharding import current_platform, free_batch_axes
+from loopscale.model.sharding import current_platform, free_batch_axes, gather, manual_part
 
 # The kernels' module (its package's `gmm` attribute is the op with megablox's own VJP).
 megablox = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
@@ -169,7 +169,7 @@ def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightA
     weight_specs = tuple(_manual_spec(names, manual) for names in weight_axes)
 
     def per_shard(x, experts, gates, split_weights):
-        whole = tuple(None if w is None else _gather(w, spec)
+        whole = tuple(None if w is None else gather(w, spec)
                       for w, spec in zip(split_weights, weight_specs))
         return _dropless_local(x, experts, gates, whole, kind, n_experts, impl)
 
@@ -184,19 +184,8 @@ def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightA
 
 def _manual_spec(names: tuple[str | None, ...], manual: tuple[str, ...]) -> PartitionSpec:
     """A weight's stored partitioning (its logical axes under the rules in context) limited to
-    the shard_map's manual axes; a partial-auto shard_map may name no other axis."""
-    def kept(mesh_axes: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
-        mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()
-        return tuple(a for a in mesh_axes if a in manual) or None
-    return PartitionSpec(*map(kept, nn.logical_to_mesh_axes(names)))
-
-
-def _gather(w: jax.Array, spec: PartitionSpec) -> jax.Array:
-    """The whole weight from this device's part of it (split as `spec` says)."""
-    for dim, mesh_axes in enumerate(spec):
-        if mesh_axes:
-            w = jax.lax.all_gather(w, mesh_axes, axis=dim, tiled=True)
-    return w
+    the shard_map's manual axes."""
+    return manual_part(PartitionSpec(*nn.logical_to_mesh_axes(names)), manual)
 
 
 def _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind: MLPKind,

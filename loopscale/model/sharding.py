@@ -5,7 +5,7 @@ axes) and are read by the trainer (parallel/mesh.py builds the mesh and puts the
 """
 
 import jax
-from jax.sharding import AbstractMesh
+from jax.sharding import AbstractMesh, PartitionSpec
 
 AXES = ("data", "fsdp", "tensor", "expert")
 
@@ -49,3 +49,36 @@ def current_platform() -> str:
     `loopscale compile` compiles for one on this CPU), else JAX's default backend."""
     device = jax.sharding.get_abstract_mesh().abstract_device
     return device.platform if device is not None else jax.default_backend()
+
+
+def _names(entry) -> tuple[str, ...]:
+    """One PartitionSpec entry (None, an axis or a tuple of axes) as a tuple of axes."""
+    return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
+def manual_part(spec: PartitionSpec, manual: tuple[str, ...]) -> PartitionSpec:
+    """A stored partitioning limited to a shard_map's manual axes: a partial-auto shard_map's
+    specs may name no other axis (the compiler keeps splitting the rest as stored)."""
+    return PartitionSpec(*(tuple(a for a in _names(e) if a in manual) or None for e in spec))
+
+
+def gather(w: jax.Array, spec: PartitionSpec) -> jax.Array:
+    """Inside a shard_map: the whole array from this device's part of it (split as `spec`,
+    manual axes only, says). Its transpose reduce-scatters a gradient back to the parts."""
+    for dim, entry in enumerate(spec):
+        if entry:
+            w = jax.lax.all_gather(w, entry, axis=dim, tiled=True)
+    return w
+
+
+def reduce_to(g: jax.Array, spec: PartitionSpec, manual: tuple[str, ...]) -> jax.Array:
+    """Inside a shard_map manual over `manual`: the sum over those axes of every device's
+    whole `g`, left split as `spec` (manual axes only) says: a reduce-scatter over the axes
+    that split it, then an all-reduce of the part over the others."""
+    scattered: tuple[str, ...] = ()
+    for dim, entry in enumerate(spec):
+        if entry:
+            g = jax.lax.psum_scatter(g, entry, scatter_dimension=dim, tiled=True)
+            scattered += _names(entry)
+    rest = tuple(a for a in manual if a not in scattered)
+    return jax.lax.psum(g, rest) if rest else g

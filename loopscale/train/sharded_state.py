@@ -23,7 +23,7 @@ from loopscale.model import LoopedLM
 from loopscale.parallel import mesh as mesh_lib
 from loopscale.rundir.checkpoint import abstract_like
 from loopscale.train.optimizer import build_optimizer
-from loopscale.train.step import TrainState, train_step
+from loopscale.train.step import GradLayout, TrainState, train_step
 
 
 @dataclasses.dataclass
@@ -34,6 +34,9 @@ class Setup:
     tx: object
     lr_factor: object  # step -> lr_t / peak (optimizer.py: the schedule lives outside tx)
     state_shardings: object
+    # Where the parameters live and where their gradient goes (ZeRO-1 splits it as the
+    # optimiser state): what the step's one gradient reduction needs (step.local_gradients).
+    grad_layout: GradLayout
     batch_sharding: object
     # The compiled functions of this step shape in this process: "init", "eval", and
     # "train" / "loop_grad" / "act_grad" by loop count (shared by every run of the shape;
@@ -83,15 +86,19 @@ def setup(config: Config, devices=None) -> Setup:
         abstract = jax.eval_shape(_boxed_state_fn(model, tx, config.train.seq_len),
                                   jax.random.PRNGKey(0))
         shardings = mesh_lib.logical_shardings(abstract, mesh)
-        mesh_lib.check_divisible(nn.unbox(abstract).params, shardings.params)
+        shapes = nn.unbox(abstract)
+        mesh_lib.check_divisible(shapes.params, shardings.params)
+        grads = shardings.params
         if config.mesh.zero1:
             shardings = shardings.replace(opt_state=mesh_lib.zero1_shardings(
-                nn.unbox(abstract).opt_state, shardings.opt_state, mesh))
-        return model, tx, shardings
+                shapes.opt_state, shardings.opt_state, mesh))
+            grads = mesh_lib.zero1_shardings(shapes.params, shardings.params, mesh)
+        specs = functools.partial(jax.tree.map, lambda sharding: sharding.spec)
+        return model, tx, shardings, GradLayout(specs(shardings.params), specs(grads))
 
-    model, tx, shardings, compiled = _shared(config, mesh, build)
-    return Setup(config, mesh, model, tx, lr_factor, shardings, mesh_lib.batch_sharding(mesh),
-                 compiled)
+    model, tx, shardings, layout, compiled = _shared(config, mesh, build)
+    return Setup(config, mesh, model, tx, lr_factor, shardings, layout,
+                 mesh_lib.batch_sharding(mesh), compiled)
 
 
 def init_state(s: Setup):
@@ -112,7 +119,7 @@ def jit_train_step(s: Setup, n_loops: int, max_frozen: int = 0):
     with `max_frozen`, the step shared across loop counts, which takes the frozen count as a
     fourth argument: loop_schedule.shared_frozen_slots)."""
     step = functools.partial(train_step, model=s.model, tx=s.tx, train=s.config.train,
-                             n_loops=n_loops, max_frozen=max_frozen)
+                             n_loops=n_loops, max_frozen=max_frozen, layout=s.grad_layout)
     scalar = mesh_lib.replicated(s.mesh)
     return jax.jit(step, in_shardings=(s.state_shardings, s.batch_sharding, scalar,
                                        *((scalar,) if max_frozen else ())),

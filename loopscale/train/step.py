@@ -7,6 +7,7 @@ held-out evaluation step that the trainer runs is train/eval_loss.py.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -20,7 +21,8 @@ from loopscale.config.enums import FFNKind, GradReduction
 from loopscale.config.schema import TrainConfig
 from loopscale.model import LoopedLM, ModelOutputs, StreamEdit
 from loopscale.model.loss import cross_entropy, lm_loss, z_loss
-from loopscale.model.sharding import current_platform
+from loopscale.model.sharding import (BATCH_AXES, current_platform, gather, manual_part,
+                                      reduce_to)
 from loopscale.train.diagnostics import routing_overlap
 from loopscale.train.optimizer import scheduled_update
 
@@ -173,24 +175,40 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
     return loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), grads
 
 
-def once_axes(model: LoopedLM, train: TrainConfig) -> tuple[str, ...]:
-    """The mesh axes over which `local_gradients` sums the gradient once a step: `data`
-    where it splits the batch, the model is dense, the config asks for it and at most one
-    other axis splits the step; () otherwise.
-    `data` only: parameters are never split over it, while `fsdp` splits them (its gathers
-    stay XLA's) and `expert` splits an MoE's experts. An MoE keeps XLA's per-use reduction:
-    its load-balancing loss is a statistic of the whole batch, not a sum over shards."""
+@dataclasses.dataclass(frozen=True)
+class GradLayout:
+    """Where the parameters are stored and where their gradient is wanted, as trees of
+    PartitionSpecs shaped like the parameters (sharded_state.py): `grads` is `params` with
+    `data` added under ZeRO-1 (the optimiser state's split, parallel/mesh.zero1_shardings).
+    `local_gradients` gathers the parameters from the one and reduces the gradient to the
+    other; without a layout both are whole."""
+
+    params: Any
+    grads: Any
+
+
+def once_axes(model: LoopedLM, train: TrainConfig, layout: GradLayout | None = None
+              ) -> tuple[str, ...]:
+    """The mesh axes over which `local_gradients` reduces the gradient once a step: those of
+    `data` and `fsdp` that split the batch, where the model is dense, the config asks for it
+    and at most one other axis splits the step; () otherwise.
+    `fsdp` also splits the parameters, so it needs their `layout`: they are gathered once at
+    the start of the step and the gradient reduce-scattered once at its end (left to XLA,
+    both happen at every use of the shared block). `expert` stays XLA's. An MoE keeps XLA's
+    per-use reduction: its load-balancing loss is a statistic of the whole batch, not a sum
+    over shards."""
     mesh = jax.sharding.get_abstract_mesh()
     if (train.grad_reduction is not GradReduction.ONCE or model.cfg.ffn is not FFNKind.DENSE
-            or "data" not in mesh.axis_names or "data" in mesh.manual_axes
-            or mesh.shape["data"] == 1):
+            or mesh.manual_axes):
         return ()
+    candidates = ("data", "fsdp") if layout is not None else ("data",)
+    axes = tuple(a for a in candidates if a in mesh.axis_names and mesh.shape[a] > 1)
     # XLA's partitioner (jaxlib 0.10.2) aborts on a step manual over `data` that two other
-    # axes split (data x fsdp x tensor: a failed check in spmd_partitioner_util.cc, measured);
-    # one other axis is fine.
-    if sum(mesh.shape[a] > 1 for a in mesh.axis_names if a != "data") > 1:
+    # axes split (data x fsdp x tensor with only `data` manual: a failed check in
+    # spmd_partitioner_util.cc, measured); one other axis is fine.
+    if sum(mesh.shape[a] > 1 for a in mesh.axis_names if a not in axes) > 1:
         return ()
-    return ("data",)
+    return axes
 
 
 def _without(rules, manual: tuple[str, ...]):
@@ -203,17 +221,23 @@ def _without(rules, manual: tuple[str, ...]):
     return tuple((name, kept(axes)) for name, axes in rules)
 
 
-def local_gradients(axes: tuple[str, ...], params, batch, model: LoopedLM, train: TrainConfig,
-                    n_loops: int, frozen_loops: jax.Array | None = None, max_frozen: int = 0):
+def local_gradients(axes: tuple[str, ...], layout: GradLayout | None, params, batch,
+                    model: LoopedLM, train: TrainConfig, n_loops: int,
+                    frozen_loops: jax.Array | None = None, max_frozen: int = 0):
     """`gradients` with one reduction a step: a shard_map manual over `axes` (the rest left to
     the compiler) in which each device differentiates its own rows with respect to its own
-    copy of the parameters, summing the gradient over every loop's use of the shared block
-    and every micro-batch; then one all-reduce. Left to XLA, the step all-reduces each use's
-    gradient as it is made (measured: all-reduce bytes growing with the loop count,
-    tests/test_grad_reduction.py). The loss is exact (each device's mean weighted by its share
-    of the masked tokens); the other metrics are the devices' mean, exact where every device
-    holds as many masked tokens (packed text, the algorithmic tasks). Each device's gradient
-    is summed in float32 and then reduced in the model's compute dtype (off CPUs)."""
+    whole copy of the parameters, summing the gradient over every loop's use of the shared
+    block and every micro-batch; then one reduction to where `layout` wants the gradient (an
+    all-reduce; a reduce-scatter over the axes that split it: fsdp, ZeRO-1's data). Parameters
+    split over fsdp are gathered once, before the loops. Left to XLA, the step reduces each
+    use's gradient as it is made and gathers the block again for each use (measured: bytes
+    growing with the loop count, tests/test_grad_reduction.py). Under fsdp this holds the
+    whole parameters and their float32 gradient on every chip through the step, as data
+    parallelism does; `per_use` keeps FSDP's memory.
+    The loss is exact (each device's mean weighted by its share of the masked tokens); the
+    other metrics are the devices' mean, exact where every device holds as many masked tokens
+    (packed text, the algorithmic tasks). Each device's gradient is summed in float32 and then
+    reduced in the model's compute dtype (off CPUs)."""
     mesh = jax.sharding.get_abstract_mesh()
     rules = _without(nn.get_logical_axis_rules(), axes)
     # The sum travels in the compute dtype, as the partial sums of each use did under XLA's
@@ -221,32 +245,60 @@ def local_gradients(axes: tuple[str, ...], params, batch, model: LoopedLM, train
     # on CPUs: XLA:CPU widens a bfloat16 all-reduce to float32 anyway, and jaxlib 0.10.2
     # aborts doing so on this one (AllReducePromotion: "Invalid binary instruction opcode").
     wire = jnp.float32 if current_platform() == "cpu" else jnp.dtype(model.cfg.dtype.value)
+    whole = jax.sharding.PartitionSpec()
+    if layout is None:
+        param_specs = grad_specs = jax.tree.map(lambda _: whole, params)
+    else:
+        param_specs, grad_specs = (jax.tree.map(lambda s: manual_part(s, axes), tree)
+                                   for tree in (layout.params, layout.grads))
+
+    def fetch(path, w, spec):
+        # The shared layers' weights travel in the compute dtype: every one is cast to it
+        # where it is used (attention.py, ffn.py, layers.RMSNorm), so rounding it first
+        # changes nothing computed. The rest travel as stored: the embedding table is scaled
+        # before its cast, the loop's own injection and modulation weights are combined in
+        # float32. Differentiated at float32, every use's gradient is still summed in float32.
+        shared_layers = [getattr(k, "key", None) for k in path[:2]] == ["loop", "stack"]
+        return gather(w.astype(wire if shared_layers else w.dtype), spec).astype(w.dtype)
 
     def local(params, batch, frozen):
+        params = jax.tree_util.tree_map_with_path(fetch, params, param_specs)
+        if "fsdp" in axes:
+            # The barrier keeps the gathers where they are: without it libtpu sinks a copy of
+            # each into every matmul that uses the weight, forward and backward, on every
+            # loop (measured on v5p: the MLP weights gathered 3 times a layer, the
+            # unembedding 5).
+            params = jax.lax.optimization_barrier(params)
         total = jnp.maximum(jax.lax.psum(_tokens(batch), axes), 1.0)
         with nn.logical_axis_rules(rules):
             loss, aux, grads = gradients(params, batch, model, train, n_loops, frozen,
                                          max_frozen, total)
+        grads = jax.tree.map(lambda g, spec: reduce_to(g.astype(wire), spec, axes).astype(
+            g.dtype), grads, grad_specs)
         return (jax.lax.psum(loss, axes), jax.tree.map(lambda x: jax.lax.pmean(x, axes), aux),
-                jax.tree.map(lambda g: jax.lax.psum(g.astype(wire), axes).astype(g.dtype), grads))
+                grads)
 
-    rows = jax.sharding.PartitionSpec(axes)
-    whole = jax.sharding.PartitionSpec()
+    # The rows split over the manual axes in the order the batch is stored, so that entering
+    # the shard_map moves nothing.
+    rows = jax.sharding.PartitionSpec(tuple(a for a in BATCH_AXES if a in axes))
     # check_vma off: the splash kernel's own shard_map inside (model/attention_core.py) does
     # not say how its outputs vary, which the checked autodiff needs. Nothing is reduced
     # inside the differentiated function, so its gradient is each device's own.
-    return jax.shard_map(local, mesh=mesh, in_specs=(whole, rows, whole), out_specs=whole,
-                         axis_names=frozenset(axes), check_vma=False)(params, batch, frozen_loops)
+    return jax.shard_map(local, mesh=mesh, in_specs=(param_specs, rows, whole),
+                         out_specs=(whole, whole, grad_specs), axis_names=frozenset(axes),
+                         check_vma=False)(params, batch, frozen_loops)
 
 
 def train_step(state: TrainState, batch, lr_factor: jax.Array, frozen_loops=None, *,
                model: LoopedLM, tx: optax.GradientTransformation, train: TrainConfig,
-               n_loops: int, max_frozen: int = 0):
+               n_loops: int, max_frozen: int = 0, layout: GradLayout | None = None):
     """One optimiser step; `lr_factor` is the schedule's multiplier lr_t / peak for this step
     (an argument, so the compiled step does not depend on the schedule: optimizer.py);
-    `frozen_loops` with `max_frozen`: the step shared across loop counts (`loss_fn`)."""
-    axes = once_axes(model, train)
-    reduced = functools.partial(local_gradients, axes) if axes else gradients
+    `frozen_loops` with `max_frozen`: the step shared across loop counts (`loss_fn`);
+    `layout`: the parameters' and gradient's partitioning (`GradLayout`), for
+    `local_gradients`."""
+    axes = once_axes(model, train, layout)
+    reduced = functools.partial(local_gradients, axes, layout) if axes else gradients
     loss, aux, grads = reduced(state.params, batch, model, train, n_loops, frozen_loops,
                                max_frozen)
     updates, opt_state = scheduled_update(tx, grads, state.opt_state, state.params, lr_factor)
