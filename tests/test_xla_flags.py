@@ -24,7 +24,10 @@ def fsdp_step():
     config = parse(load_config("experiments/base.py:tiny", [
         "--config.model.d_model=512", "--config.model.n_heads=4", "--config.model.head_dim=128",
         "--config.train.seq_len=512", "--config.train.batch_size=16", "--config.mesh.data=1",
-        "--config.mesh.fsdp=4"]))
+        "--config.mesh.fsdp=4",
+        # XLA's own gathers and scatters, layer by layer: under `once` they run before the
+        # first layer and after the last, with no compute to overlap (docs/compile.md)
+        "--config.train.grad_reduction=per_use"]))
     lowered, _ = aot.lower(config, devices)
     return config, devices, lowered
 
