@@ -93,9 +93,9 @@ def test_compiled_for_a_tpu_under_fsdp_the_gathers_do_not_grow_with_the_loops():
     assert per_use["all-gather"] > 3 * once[4]["all-gather"], (once, per_use)
 
 
-def _two_steps(reduction: str, mesh=DATA8):
-    config = steps.load("looped.py:tiny", [*mesh, f"--config.train.grad_reduction={reduction}",
-                                           "--config.train.grad_accum=2"])
+def _two_steps(reduction: str, mesh=DATA8, family: str = "looped.py:tiny"):
+    config = steps.load(family, [*mesh, f"--config.train.grad_reduction={reduction}",
+                                 "--config.train.grad_accum=2"])
     step = steps.TrainStep(config, jax.devices()[:8])
     state, metrics = step.state, []
     for _ in range(2):
@@ -104,16 +104,22 @@ def _two_steps(reduction: str, mesh=DATA8):
     return state, metrics
 
 
-@pytest.mark.parametrize("mesh", [
-    DATA8, FSDP8,
+@pytest.mark.parametrize("family, mesh", [
+    ("looped.py:tiny", DATA8),
+    ("looped.py:tiny", FSDP8),
     # the gradient reduce-scattered over fsdp and data into ZeRO-1's split of the state
-    ["--config.mesh.data=4", "--config.mesh.fsdp=2", "--config.mesh.zero1=true",
-     "--config.train.batch_size=16"],
-], ids=["data", "fsdp", "data_fsdp_zero1"])
-def test_reduced_once_trains_as_xlas_partitioning_does(mesh):
-    (once, once_m), (xla, xla_m) = _two_steps("once", mesh), _two_steps("per_use", mesh)
+    ("looped.py:tiny", ["--config.mesh.data=4", "--config.mesh.fsdp=2",
+                        "--config.mesh.zero1=true", "--config.train.batch_size=16"]),
+    # the load-balancing loss from the whole batch's expert load (model/moe.py)
+    ("looped_moe.py:tiny", DATA8),
+], ids=["data", "fsdp", "data_fsdp_zero1", "moe"])
+def test_reduced_once_trains_as_xlas_partitioning_does(family, mesh):
+    (once, once_m), (xla, xla_m) = (_two_steps(r, mesh, family) for r in ("once", "per_use"))
+    keys = ["loss", "ce", "grad_norm", "update_norm", "residual_norm"]
+    if "moe" in family:
+        keys += ["lb_loss", "router_z", "expert_load"]
     for a, b in zip(once_m, xla_m):
-        for key in ("loss", "ce", "grad_norm", "update_norm", "residual_norm"):
+        for key in keys:
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
     lr = steps.load("looped.py:tiny").train.lr
     diff = np.concatenate([np.abs(np.ravel(a) - np.ravel(b)) for a, b in
@@ -136,7 +142,9 @@ D2F2T2 = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=
     ("looped.py:tiny", [*DATA8, "--config.train.grad_reduction=per_use"], True, ()),
     ("looped.py:tiny", FSDP8, True, ("fsdp",)),
     ("looped.py:tiny", FSDP8, False, ()),  # fsdp splits the parameters: it needs their layout
-    ("looped_moe.py:tiny", DATA8, True, ()),  # its load-balancing loss needs the whole batch
+    ("looped_moe.py:tiny", DATA8, True, ("data",)),
+    ("looped_moe.py:tiny", ["--config.mesh.data=4", "--config.mesh.expert=2",
+                            "--config.train.batch_size=16"], True, ()),  # experts split
     ("looped.py:tiny", ["--config.mesh.data=4", "--config.mesh.fsdp=2",
                         "--config.train.batch_size=16"], True, ("data", "fsdp")),
     ("looped.py:tiny", ["--config.mesh.data=4", "--config.mesh.fsdp=2",

@@ -55,7 +55,7 @@ class GradReduction(enum.Enum):
     # Each device sums its own gradient over every use of a shared weight (every loop) and
     # every micro-batch, then one reduction over `data` and `fsdp` per step (fsdp's
     # parameters gathered once, before the loops), where train/step.py `once_axes` allows it
-    # (dense models, at most one other mesh axis split); per_use elsewhere
+    # (at most one other mesh axis split, none for an MoE); per_use elsewhere
     ONCE = "once"
     PER_USE = "per_use"  # as XLA partitions the step by itself: at every use
 

@@ -39,7 +39,8 @@ from loopscale.config.schema import GroupedMatmul, MLPKind, ModelConfig, MoEDisp
 from loopscale.model import mup
 from loopscale.model.ffn import activate
 from loopscale.model.layers import weight
-from loopscale.model.sharding import current_platform, free_batch_axes, gather, manual_part
+from loopscale.model.sharding import (current_platform, free_batch_axes, gather,
+                                      manual_batch_axes, manual_part)
 
 # The kernels' module (its package's `gmm` attribute is the op with megablox's own VJP).
 megablox = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
@@ -112,6 +113,12 @@ class MoE(nn.Module):
             )
 
         load_E = jnp.mean(jax.nn.one_hot(experts_BxTxK, E, dtype=jnp.float32), axis=(0, 1, 2))
+        # Where each device holds only its own rows of the batch (train/step.py
+        # `local_gradients`), the load is still the whole batch's: the load-balancing loss is
+        # then each device's share of the whole batch's, and their sum the whole batch's.
+        manual = manual_batch_axes(jax.sharding.get_abstract_mesh())
+        if manual:
+            load_E = jax.lax.pmean(load_E, manual)
         stats = {
             "lb_loss": load_balancing_loss(probs_BxTxE.reshape(-1, E), load_E),
             "router_z": router_z_loss(logits_BxTxE.reshape(-1, E)),
@@ -157,7 +164,10 @@ def _dropless(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, weight_axes: WeightA
     shards = math.prod(mesh.shape[a] for a in axes)
     split = shards > 1 and x_BxTxD.shape[0] % shards == 0
     free = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
-    kernel = impl is GroupedMatmul.MEGABLOX and math.prod(mesh.shape[a] for a in free) > 1
+    # Inside a partial-manual shard_map (train/step.py `local_gradients`) the compiler still
+    # partitions the other axes, even at size 1, and refuses a Mosaic kernel there.
+    kernel = impl is GroupedMatmul.MEGABLOX and bool(free) and (
+        math.prod(mesh.shape[a] for a in free) > 1 or bool(mesh.manual_axes))
     if not split and not kernel:
         return _dropless_local(x_BxTxD, experts_BxTxK, gates_BxTxK, weights, kind, n_experts,
                                impl)

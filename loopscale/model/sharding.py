@@ -44,6 +44,12 @@ def free_batch_axes(mesh: AbstractMesh) -> tuple[str, ...]:
     return tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in mesh.manual_axes)
 
 
+def manual_batch_axes(mesh: AbstractMesh) -> tuple[str, ...]:
+    """The data-parallel axes a shard_map in context has made manual (train/step.py
+    `local_gradients`): a statistic of the whole batch must be reduced over them."""
+    return tuple(a for a in BATCH_AXES if a in mesh.manual_axes)
+
+
 def current_platform() -> str:
     """The platform the model is being traced for: the mesh in context's (a TPU topology when
     `loopscale compile` compiles for one on this CPU), else JAX's default backend."""

@@ -190,23 +190,24 @@ class GradLayout:
 def once_axes(model: LoopedLM, train: TrainConfig, layout: GradLayout | None = None
               ) -> tuple[str, ...]:
     """The mesh axes over which `local_gradients` reduces the gradient once a step: those of
-    `data` and `fsdp` that split the batch, where the model is dense, the config asks for it
-    and at most one other axis splits the step; () otherwise.
+    `data` and `fsdp` that split the batch, where the config asks for it and at most one other
+    axis splits the step (none for an MoE); () otherwise.
     `fsdp` also splits the parameters, so it needs their `layout`: they are gathered once at
     the start of the step and the gradient reduce-scattered once at its end (left to XLA,
-    both happen at every use of the shared block). `expert` stays XLA's. An MoE keeps XLA's
-    per-use reduction: its load-balancing loss is a statistic of the whole batch, not a sum
-    over shards."""
+    both happen at every use of the shared block). `expert` and `tensor` stay XLA's. An MoE's
+    load-balancing loss is a statistic of the whole batch: its expert load is averaged over
+    the devices inside (model/moe.py); with `expert` or `tensor` splitting its experts as
+    well it keeps XLA's per-use reduction."""
     mesh = jax.sharding.get_abstract_mesh()
-    if (train.grad_reduction is not GradReduction.ONCE or model.cfg.ffn is not FFNKind.DENSE
-            or mesh.manual_axes):
+    if train.grad_reduction is not GradReduction.ONCE or mesh.manual_axes:
         return ()
     candidates = ("data", "fsdp") if layout is not None else ("data",)
     axes = tuple(a for a in candidates if a in mesh.axis_names and mesh.shape[a] > 1)
+    others = sum(mesh.shape[a] > 1 for a in mesh.axis_names if a not in axes)
     # XLA's partitioner (jaxlib 0.10.2) aborts on a step manual over `data` that two other
     # axes split (data x fsdp x tensor with only `data` manual: a failed check in
     # spmd_partitioner_util.cc, measured); one other axis is fine.
-    if sum(mesh.shape[a] > 1 for a in mesh.axis_names if a not in axes) > 1:
+    if others > (0 if model.cfg.ffn is FFNKind.MOE else 1):
         return ()
     return axes
 
@@ -234,8 +235,9 @@ def local_gradients(axes: tuple[str, ...], layout: GradLayout | None, params, ba
     growing with the loop count, tests/test_grad_reduction.py). Under fsdp this holds the
     whole parameters and their float32 gradient on every chip through the step, as data
     parallelism does; `per_use` keeps FSDP's memory.
-    The loss is exact (each device's mean weighted by its share of the masked tokens); the
-    other metrics are the devices' mean, exact where every device holds as many masked tokens
+    The loss is exact (each device's mean weighted by its share of the masked tokens) where an
+    MoE's auxiliary losses are not in it; theirs, means over every token, and the other
+    metrics (the devices' mean) are exact where every device holds as many masked tokens
     (packed text, the algorithmic tasks). Each device's gradient is summed in float32 and then
     reduced in the model's compute dtype (off CPUs)."""
     mesh = jax.sharding.get_abstract_mesh()
