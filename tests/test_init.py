@@ -17,6 +17,7 @@ from loopscale.config import load_config, parse
 from loopscale.config.presets import SPARSE_INIT_STD
 from loopscale.config.schema import InitConfig, InitDist, InitSpec
 from loopscale.model import LoopedLM, mup
+from loopscale.train import sharded_state
 
 # sha256 of every parameter (path, dtype, shape, bytes) of these configs, initialised (jitted)
 # with key 0 on a (1, 8) batch, computed with the code before the init table (commit 43b81e3):
@@ -52,9 +53,12 @@ def model_config(spec, *overrides):
 
 
 def init(cfg, seed=0):
-    """Jitted, as the trainer initialises (eager init draws other bits from the same keys)."""
-    tokens = jnp.zeros((1, 8), jnp.int32)
-    return nn.unbox(jax.jit(LoopedLM(cfg).init)(jax.random.key(seed), tokens)["params"])
+    """Jitted and compiled as the trainer initialises (sharded_state.init_compiler_options:
+    eager init draws other bits from the same keys, and so does XLA:CPU's level 0)."""
+    tokens, key = jnp.zeros((1, 8), jnp.int32), jax.random.key(seed)
+    compiled = jax.jit(LoopedLM(cfg).init).lower(key, tokens).compile(
+        compiler_options=sharded_state.init_compiler_options(jax.default_backend()))
+    return nn.unbox(compiled(key, tokens)["params"])
 
 
 def digest(params) -> str:
