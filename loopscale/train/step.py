@@ -260,6 +260,8 @@ def local_gradients(axes: tuple[str, ...], layout: GradLayout | None, params, ba
         # changes nothing computed. The rest travel as stored: the embedding table is scaled
         # before its cast, the loop's own injection and modulation weights are combined in
         # float32. Differentiated at float32, every use's gradient is still summed in float32.
+        if not any(spec):  # whole already (not split over a manual axis)
+            return w
         shared_layers = [getattr(k, "key", None) for k in path[:2]] == ["loop", "stack"]
         return gather(w.astype(wire if shared_layers else w.dtype), spec).astype(w.dtype)
 
