@@ -34,7 +34,7 @@ from loopscale.train.step import (
     loss_fn,
     train_step,
 )
-from loopscale.train.trainer import _loops_for_step, train
+from loopscale.train.trainer import _loops_for_step, _lr_factors, train
 
 
 def train_config(*model_overrides, **fields):
@@ -759,3 +759,19 @@ def test_grad_cosine_is_the_cosine_of_consecutive_raw_gradients(tiny):
         expect = flat[t] @ flat[t - 1] / np.linalg.norm(flat[t]) / np.linalg.norm(flat[t - 1])
         assert float(tracked_m[t]["grad_cosine"]) == pytest.approx(expect, abs=2e-5)
     assert plain_m[1]["grad_norm"] > CLIP  # the clip was active: the cosine reads raw gradients
+
+
+@pytest.mark.parametrize("schedule, cooldown", [("cosine", "linear"), ("wsd", "sqrt"),
+                                                ("constant", "linear")])
+def test_the_lr_factors_evaluated_over_a_padded_length_are_the_same_bits(schedule, cooldown):
+    """`_lr_factors` (trainer.py) pads the steps to a power of two so that runs of other lengths
+    reuse the eager ops' programs; every factor must be what the unpadded evaluation gives."""
+    for steps, warmup in ((554, 27), (1500, 0)):
+        config = parse(load_config("experiments/base.py:tiny", [
+            f"--config.train.schedule={schedule}", f"--config.train.cooldown={cooldown}",
+            f"--config.train.steps={steps}", f"--config.train.warmup_steps={warmup}"]))
+        _, lr_factor = build_optimizer(config.train, config.model)
+        unpadded = np.asarray(jax.vmap(lr_factor)(jnp.arange(steps)), np.float32)
+        padded = _lr_factors(lr_factor, steps)
+        assert padded.shape == (steps,)
+        assert np.array_equal(padded, unpadded), (schedule, steps)
