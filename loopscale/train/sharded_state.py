@@ -104,10 +104,11 @@ def setup(config: Config, devices=None) -> Setup:
 def init_compiler_options(platform: str) -> dict | None:
     """XLA options for the init program: on CPUs LLVM's level 1, not the default 2. The init
     runs once a run, and its compile is mostly many small threefry hashes (the parameters'
-    random draws): a few seconds even for a tiny model, about a third of them spent on
+    random draws): a few seconds even for a tiny model, a third to a half of them spent on
     optimisations that buy nothing for one run. Level 1 draws the same bits (the init digests
     of tests/test_init.py, computed at level 2, are checked at level 1; level 0 draws others)
-    and compiled the demo's and the tiny presets' inits in 55-70% of the time (2026-12-06)."""
+    and compiled the demo's and the tiny presets' inits in 52-74% of the time (six configs,
+    2026-12-06)."""
     return {"xla_backend_optimization_level": 1} if platform == "cpu" else None
 
 
