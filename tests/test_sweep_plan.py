@@ -404,6 +404,91 @@ def test_unusable_xla_step_times_fall_back_to_the_analytic_estimate():
         assert _step_times(run, bad, slc) == pytest.approx((per_step / 2, per_step / 8))
 
 
+def test_a_changed_trunk_takes_its_branches_along():
+    """plan.with_overrides: a run given more overrides is resolved again under a new id, and
+    each branch of a trunk that changed points at the trunk's new id (so changes too)."""
+    from loopscale.sweep.plan import with_overrides
+
+    runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs
+    trunk = next(r for r in runs if r.row["role"] == "trunk")
+    branches = [r for r in runs if r.row["branch_of"] == trunk.run_id]
+    assert branches
+    changed = {r.run_id: r for r in with_overrides(runs, {trunk.run_id: (
+        ("train.grad_accum", 2),)})}
+    new_trunk = next(r for r in changed.values() if r.row["role"] == "trunk"
+                     and r.config.model.d_model == trunk.config.model.d_model)
+    assert new_trunk.run_id != trunk.run_id and trunk.run_id not in changed
+    assert new_trunk.config.train.grad_accum == 2 and new_trunk.run_id == config_hash(
+        new_trunk.config)
+    assert "--config.train.grad_accum=2" in new_trunk.row["overrides"]
+    for branch in branches:
+        assert branch.run_id not in changed
+    moved = [r for r in changed.values() if r.row["branch_of"] == new_trunk.run_id]
+    assert len(moved) == len(branches)
+    assert all(r.config.train.grad_accum == 1 for r in moved)  # only what was asked
+    untouched = [r for r in runs if r.run_id in changed]
+    assert len(untouched) == len(runs) - 1 - len(branches)
+
+
+@pytest.fixture
+def least_effort():
+    """libtpu's least optimisation effort: what the test compares (a step whole and in halves,
+    against a capacity set from them) is the batch's, and these compile faster
+    (tests/test_weak_scaling.py says more)."""
+    import jax
+
+    jax.config.update("jax_exec_time_optimization_effort", -1.0)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_exec_time_optimization_effort", 0.0)
+
+
+def test_a_step_too_big_for_one_host_is_planned_in_micro_batches(monkeypatch, least_effort):
+    """Compiled for v5p on one chip, a chip whose HBM is set between what the step needs with
+    its whole batch and with half of it (tiny shapes standing for a paper-size one; the memory
+    figures are libtpu's own): sizing gives the runs 2 micro-batches a step (new run ids, the
+    overrides say so, a note says why), times that step, and keeps the need without them."""
+    from loopscale.aot import compile as aot
+    from loopscale.commands.plan import wall_time_lines
+    from loopscale.sweep import packing, sizing
+    from loopscale.sweep.plan import with_overrides
+    from loopscale.sweep.plan_table import Plan
+
+    sweep = load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base", "--sweep.budgets=(1e11,)",
+                                                 "--sweep.shape.sizes=1", "--sweep.seeds=(0,1)"])
+    planned = plan(sweep)
+    bigger = (("train.batch_size", 32), ("train.seq_len", 128))
+    runs = Plan(sweep, with_overrides(planned.runs, {r.run_id: bigger for r in planned.runs}), ())
+    config = runs.runs[0].config
+    target = aot.tpu_target("v5p-2")
+
+    def total(accum):
+        c = dataclasses.replace(config, train=dataclasses.replace(config.train, grad_accum=accum))
+        return aot.report(c, target, "train", cost=False)["memory_per_chip"]["total"]
+
+    whole, halves = total(1), total(2)
+    assert halves < 0.7 * whole  # activations, which micro-batches shrink, dominate
+    real = aot.tpu_target
+    monkeypatch.setattr(aot, "tpu_target", lambda name: dataclasses.replace(
+        real(name), hbm_bytes=(whole + halves) / 2))
+    sized = sizing.size_plan(runs, packing.parse_slice("v5p-2"))
+    assert len(sized.plan.runs) == 2
+    for before, after in zip(runs.runs, sized.plan.runs):
+        assert after.config.train.grad_accum == 2 and after.run_id != before.run_id
+        assert "--config.train.grad_accum=2" in after.row["overrides"]
+        assert after.row["chips"] == 1 and after.row["est_step_time_s"] > 0
+    assert [n.chips for n in sized.needs] == [1, 1]
+    assert [n.chips for n in sized.unpacked] == [None, None]  # the slice is one chip
+    assert any("in 2 micro-batches of 16 sequences" in note for note in sized.plan.notes)
+    lines = wall_time_lines(sized, 0)
+    assert len(lines) == 3 and lines[0].startswith("estimated wall time on v5p-2")
+    assert lines[2].startswith("  (2 run(s) planned in micro-batches to fit one host; each at "
+                               "its own train.grad_accum instead: packed n/a")
+    # Without packing, the same shape fits nowhere on this chip.
+    assert sizing.fit_shape(config, packing.parse_slice("v5p-2"), pack=False).chips is None
+
+
 # --- From any directory: experiment paths and the demo's sweep are found in the checkout. ---
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

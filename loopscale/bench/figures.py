@@ -369,7 +369,8 @@ def host_overhead(ctx: Context, key: str, title: str, target: Target) -> Figure:
         g = got[every]
         walls, cpus = g["wall_s"], g["cpu_s"]
         return (f"log_every {every}: the loop thread's CPU time ({cpus[3 * n]:.2f} s for "
-                f"{3 * n} steps - {cpus[n]:.2f} s for {n}) / {2 * n} = {g['host_ms']:.2f} ms a "
+                f"{3 * n} steps - {cpus[n]:.2f} s for {n}, each the least of {host.PAIRS} "
+                f"runs) / {2 * n} = {g['host_ms']:.2f} ms a "
                 f"step; wall ({walls[3 * n]:.2f} s - {walls[n]:.2f} s) / {2 * n} = "
                 f"{g['per_step_ms']:.2f} ms a step, less the compiled step alone "
                 f"({1e3 * g['device_step']['median_s']:.2f} ms, the median of "

@@ -5,7 +5,10 @@ the row, its log line and TensorBoard event) on a model whose device step is tri
 given `log_every`: the accelerator presets' 10 (the device read and rows written every 10
 steps) and the CPU presets' 1, side by side. It runs N and 3N steps in one process after a
 first run that compiles what both reuse; start-up and the final evaluation are in both runs and
-cancel, so the difference per extra step is the loop's.
+cancel, so the difference per extra step is the loop's. The pair runs three times in turn and
+each length keeps its least time: a run's fixed cost (a quarter of a second on this CPU) moves
+by tens of milliseconds from run to run, only ever upwards (a collection, a page fault, another
+process), which at the tiny scale once made a 25-step run cost more than a 75-step one.
 
 The figure is the CPU time of the trainer's own thread a step (`time.thread_time`): the work an
 accelerator's host does for each step, which must stay below the device step for the device
@@ -45,12 +48,21 @@ def _train_seconds(count: int, log_every: int):
     return config, seconds, cpu
 
 
+PAIRS = 3
+
+
 def measure(n: int, reps: int, warmup: int, log_every: int) -> dict:
     """host_ms (the figure: the loop thread's CPU time a step), per_step_ms (wall), wall_ms
-    (wall less the device step), the device step's timing, wall_s and cpu_s by step count."""
-    walls, cpus = {}, {}
-    for count in (n, n, 3 * n):  # the first run compiles (the others reuse it) and is dropped
-        config, walls[count], cpus[count] = _train_seconds(count, log_every)
+    (wall less the device step), the device step's timing, and wall_s and cpu_s by step count
+    (the least of PAIRS runs each)."""
+    _train_seconds(n, log_every)  # compiles what the timed runs reuse; not counted
+    walls, cpus = {n: [], 3 * n: []}, {n: [], 3 * n: []}
+    for _ in range(PAIRS):
+        for count in (n, 3 * n):
+            config, wall, cpu = _train_seconds(count, log_every)
+            walls[count].append(wall)
+            cpus[count].append(cpu)
+    walls, cpus = ({k: min(v) for k, v in d.items()} for d in (walls, cpus))
     per_step = (walls[3 * n] - walls[n]) / (2 * n)
     # At least 5 calls after a warm-up one: a first call carries set-up that would swamp a
     # step of this size.

@@ -237,8 +237,39 @@ def plan_row(config: Config, family: str, budget: float | None, params_key: str,
         "branch_step": t.branch_step if t.branch_from else None,
         "flops_spent": own_tokens * fpt,
         "experiment": experiment,
-        "overrides": " ".join(f"--config.{k}={format_value(v)}" for k, v in overrides),
+        "overrides": overrides_text(overrides),
     }
+
+
+def overrides_text(overrides: Overrides) -> str:
+    """The plan table's `overrides` cell: the run's `--config.` arguments."""
+    return " ".join(f"--config.{k}={format_value(v)}" for k, v in overrides)
+
+
+def with_overrides(runs: Sequence[PlannedRun],
+                   extra: dict[str, Overrides]) -> tuple[PlannedRun, ...]:
+    """The runs with `extra` (run id -> overrides) merged into theirs, each changed run
+    resolved again under its new id (every field is hashed), and a branch of a changed trunk
+    pointed at the trunk's new id (trunks come before their branches in a plan). What sizing
+    uses to give a run the micro-batches that fit it on one host."""
+    renamed: dict[str, str] = {}
+    out = []
+    for run in runs:
+        more = list(extra.get(run.run_id, ()))
+        trunk = run.config.train.branch_from
+        if trunk in renamed:
+            more.append(("train.branch_from", renamed[trunk]))
+        if not more:
+            out.append(run)
+            continue
+        overrides = _merge(run.overrides, more)
+        config = resolve(run.experiment, overrides)
+        run_id = renamed[run.run_id] = config_hash(config)
+        row = {**run.row, "run_id": run_id, "branch_of": config.train.branch_from or None,
+               "overrides": overrides_text(overrides)}
+        out.append(dataclasses.replace(run, run_id=run_id, overrides=overrides, config=config,
+                                       row=row))
+    return tuple(out)
 
 
 def parse_config_overrides(args: Sequence[str]) -> Overrides:

@@ -4,7 +4,9 @@ compiler on this machine, no TPU needed).
 
 Runs that differ only in schedule, LR, seed or data share one compiled step (shape_key), so
 each distinct shape is compiled once per call: on 1, 2, 4, ... chips with the run's own mesh
-config (-1 fills the chips), smallest first, until the step fits in HBM. A chip count over
+config (-1 fills the chips), smallest first, until the step fits in HBM; a step that one host's
+chips cannot hold is first tried there in 2, 4, ... micro-batches (fit_shape), and its runs are
+planned so (plan.with_overrides). A chip count over
 which the batch or a sharded parameter cannot be split does not count (the trainer would refuse
 it too). The step time on that count, and on the whole slice (where runs too big for one host
 go, and what one-run-at-a-time would use), is XLA's cost-model estimate (aot.step_cost), an
@@ -28,6 +30,7 @@ from loopscale.config import Config
 from loopscale.errors import UsageError
 from loopscale.sweep.packing import Need, Slice
 from loopscale.files import to_json
+from loopscale.sweep.plan import with_overrides
 from loopscale.sweep.plan_table import Plan, PlannedRun
 
 def shape_key(config: Config) -> str:
@@ -45,28 +48,75 @@ class ShapeFit:
     slice_step_time_s: float | None  # XLA's estimate on the whole slice, as it comes
     slice_splits: bool = True  # whether the batch (and parameters) split over the whole slice
     why: str = ""  # why it fits nowhere
+    # Micro-batches a step where more than the run's own fit it on one host (step_time_s is
+    # then the accumulating step's); `unpacked`, the fit at the run's own (more hosts).
+    grad_accum: int | None = None
+    unpacked: ShapeFit | None = None
 
 
-def fit_shape(config: Config, slc: Slice) -> ShapeFit:
+def fit_shape(config: Config, slc: Slice, pack: bool = True) -> ShapeFit:
+    """The fewest chips `config`'s step fits on. With `pack`, a step too big for one host's
+    chips first tries 2, 4, ... times the micro-batches a step on one host (the same batch in
+    smaller pieces: less activation memory, the same parameters) before taking more hosts:
+    packed runs keep every host busy, and a run over several hosts leaves the others idle or
+    waits for a whole slice (packing.py)."""
     from loopscale.aot import compile as aot
 
-    why, n = "", 1
-    while n <= slc.chips:
-        target = aot.tpu_target(slc.topology_name(n))
-        fits, why = _fits(aot, config, target)
-        if fits:
-            break
-        n *= 2
-    else:
+    host = min(slc.chips_per_host, slc.chips)
+    n, why = _fewest_chips(aot, config, slc, 1, host if pack else slc.chips)
+    if n is not None:
+        return _timed(aot, config, slc, n)
+    if not pack:
         return ShapeFit(None, None, None, False, why)
-    step = aot.step_cost(config, target.devices)["est_step_time_s"]
+    accumulating = _accumulating(aot, config, aot.tpu_target(slc.topology_name(host)))
+    n, more_why = _fewest_chips(aot, config, slc, 2 * host, slc.chips)
+    unpacked = (_timed(aot, config, slc, n) if n is not None
+                else ShapeFit(None, None, None, False, more_why or why))
+    if accumulating is None:
+        return unpacked
+    packed = _timed(aot, accumulating, slc, host,
+                    whole=None if unpacked.chips is None else unpacked)
+    return dataclasses.replace(packed, grad_accum=accumulating.train.grad_accum,
+                               unpacked=unpacked)
+
+
+def _fewest_chips(aot, config: Config, slc: Slice, least: int, most: int):
+    """(the fewest of least, 2 least, ... most chips the step fits on or None, why not)."""
+    why, n = "", least
+    while n <= most:
+        fits, why = _fits(aot, config, aot.tpu_target(slc.topology_name(n)))
+        if fits:
+            return n, ""
+        n *= 2
+    return None, why
+
+
+def _accumulating(aot, config: Config, target) -> Config | None:
+    """`config` with the fewest micro-batches (2, 4, ... times its own) whose step fits on
+    `target`, or None (the batch splits no further)."""
+    accum = 2 * config.train.grad_accum
+    while config.train.batch_size % accum == 0:
+        trial = dataclasses.replace(config,
+                                    train=dataclasses.replace(config.train, grad_accum=accum))
+        if _fits(aot, trial, target)[0]:
+            return trial
+        accum *= 2
+    return None
+
+
+def _timed(aot, config: Config, slc: Slice, n: int, whole: ShapeFit | None = None) -> ShapeFit:
+    """`config` on `n` chips with XLA's step times there and on the whole slice (`whole`'s
+    slice time where given: a packed run's, timed as it would run alone on the slice)."""
+    step = aot.step_cost(config, aot.tpu_target(slc.topology_name(n)).devices)["est_step_time_s"]
+    if whole is not None:
+        return ShapeFit(n, step, whole.slice_step_time_s, whole.slice_splits)
     if n == slc.chips:
         return ShapeFit(n, step, step)
     try:
-        whole = aot.step_cost(config, aot.tpu_target(slc.topology_name(slc.chips)).devices)
+        cost = aot.step_cost(config, aot.tpu_target(slc.topology_name(slc.chips)).devices)
     except UsageError:  # e.g. a batch of 256 over 512 chips
         return ShapeFit(n, step, None, slice_splits=False)
-    return ShapeFit(n, step, whole["est_step_time_s"])
+    return ShapeFit(n, step, cost["est_step_time_s"])
 
 
 def _fits(aot, config: Config, target) -> tuple[bool, str]:
@@ -93,9 +143,16 @@ class Sized:
     slice: Slice
     needs: tuple[Need, ...]  # in plan order
     shapes: int  # distinct shapes compiled
+    # Where a shape was given micro-batches to fit one host: every run's needs at its own
+    # accumulation instead (what sizing gave before it packed), in plan order; else None.
+    unpacked: tuple[Need, ...] | None = None
 
 
-def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: None) -> Sized:
+def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: None,
+              pack: bool = True) -> Sized:
+    """Every run's chips and step time on `slc`, one compile search per distinct shape
+    (fit_shape). A run whose shape fits one host only in micro-batches is planned with them
+    (train.grad_accum, so a new run id; its branches follow it)."""
     keys = [shape_key(run.config) for run in plan.runs]
     fits: dict[str, ShapeFit] = {}
     notes = list(plan.notes)
@@ -104,7 +161,7 @@ def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: Non
         run = plan.runs[keys.index(key)]
         what = f"{run.family} d_model={run.config.model.d_model}"
         t0 = time.perf_counter()
-        fit = fits[key] = fit_shape(run.config, slc)
+        fit = fits[key] = fit_shape(run.config, slc, pack)
         if fit.chips is None:
             notes.append(f"{what} does not fit on {slc.name}: {fit.why}")
         elif not _xla_times_usable(fit):
@@ -112,22 +169,48 @@ def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: Non
                          f"{fit.chips} chip(s) and {_seconds(fit.slice_step_time_s)} on "
                          f"{slc.chips}; its runs are timed analytically instead "
                          "(--peak-flops x --mfu)")
+        if fit.unpacked is not None:
+            notes.append(_packed_note(what, run.config, fit))
         log(f"shape {i + 1}/{len(distinct)} ({what}, {keys.count(key)} run(s)): "
-            + (f"{fit.chips} chip(s), XLA's step time {_seconds(fit.step_time_s)}" if fit.chips
+            + (f"{fit.chips} chip(s)" + (f" in {fit.grad_accum} micro-batches" if
+                                         fit.grad_accum else "")
+               + f", XLA's step time {_seconds(fit.step_time_s)}" if fit.chips
                else "does not fit")
             + f" ({time.perf_counter() - t0:.0f} s to compile)")
-    runs, needs = [], []
-    for run, key in zip(plan.runs, keys):
+    runs = with_overrides(plan.runs, {
+        run.run_id: (("train.grad_accum", fits[key].grad_accum),)
+        for run, key in zip(plan.runs, keys) if fits[key].grad_accum})
+    rows, needs = [], []
+    for run, key in zip(runs, keys):
         fit = fits[key]
         step, whole = _step_times(run, fit, slc)
         row = {**run.row, "chips": fit.chips, "est_step_time_s": step}
-        steps = run.config.train.steps
         if step is not None:
-            row["est_device_hours"] = fit.chips * steps * step / 3600
-        runs.append(dataclasses.replace(run, row=row))
-        needs.append(Need(run.run_id, fit.chips, None if step is None else steps * step,
-                          None if whole is None else steps * whole))
-    return Sized(Plan(plan.sweep, tuple(runs), tuple(notes)), slc, tuple(needs), len(distinct))
+            row["est_device_hours"] = fit.chips * run.config.train.steps * step / 3600
+        rows.append(dataclasses.replace(run, row=row))
+        needs.append(_need(run, fit.chips, step, whole))
+    unpacked = None
+    if any(fits[key].unpacked for key in keys):
+        unpacked = tuple(_need(run, f.chips, *_step_times(run, f, slc)) for run, f in
+                         zip(plan.runs, (fits[key].unpacked or fits[key] for key in keys)))
+    return Sized(Plan(plan.sweep, tuple(rows), tuple(notes)), slc, tuple(needs),
+                 len(distinct), unpacked)
+
+
+def _need(run: PlannedRun, chips: int | None, step: float | None,
+          whole: float | None) -> Need:
+    steps = run.config.train.steps
+    return Need(run.run_id, chips, None if step is None else steps * step,
+                None if whole is None else steps * whole)
+
+
+def _packed_note(what: str, config: Config, fit: ShapeFit) -> str:
+    own, micro = config.train.grad_accum, config.train.batch_size // fit.grad_accum
+    elsewhere = (f"{fit.unpacked.chips} chips" if fit.unpacked.chips
+                 else "more chips than the slice has")
+    return (f"{what} fits one host ({fit.chips} chips) in {fit.grad_accum} micro-batches of "
+            f"{micro} sequences a step (train.grad_accum={fit.grad_accum}; its own {own} "
+            f"needs {elsewhere}): its runs are planned so, under new run ids")
 
 
 def _seconds(t: float | None) -> str:
