@@ -405,9 +405,9 @@ def test_unusable_xla_step_times_fall_back_to_the_analytic_estimate():
 
 
 def test_a_changed_trunk_takes_its_branches_along():
-    """plan.with_overrides: a run given more overrides is resolved again under a new id, and
+    """sizing.with_overrides: a run given more overrides is resolved again under a new id, and
     each branch of a trunk that changed points at the trunk's new id (so changes too)."""
-    from loopscale.sweep.plan import with_overrides
+    from loopscale.sweep.sizing import with_overrides
 
     runs = plan(load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base"])).runs
     trunk = next(r for r in runs if r.row["role"] == "trunk")
@@ -448,11 +448,12 @@ def test_a_step_too_big_for_one_host_is_planned_in_micro_batches(monkeypatch, le
     """Compiled for v5p on one chip, a chip whose HBM is set between what the step needs with
     its whole batch and with half of it (tiny shapes standing for a paper-size one; the memory
     figures are libtpu's own): sizing gives the runs 2 micro-batches a step (new run ids, the
-    overrides say so, a note says why), times that step, and keeps the need without them."""
+    overrides say so, a note says why), times that step, and keeps the need without them (none
+    here: the whole batch fits nowhere on this slice)."""
     from loopscale.aot import compile as aot
     from loopscale.commands.plan import wall_time_lines
     from loopscale.sweep import packing, sizing
-    from loopscale.sweep.plan import with_overrides
+    from loopscale.sweep.sizing import with_overrides
     from loopscale.sweep.plan_table import Plan
 
     sweep = load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base", "--sweep.budgets=(1e11,)",
@@ -479,14 +480,13 @@ def test_a_step_too_big_for_one_host_is_planned_in_micro_batches(monkeypatch, le
         assert "--config.train.grad_accum=2" in after.row["overrides"]
         assert after.row["chips"] == 1 and after.row["est_step_time_s"] > 0
     assert [n.chips for n in sized.needs] == [1, 1]
-    assert [n.chips for n in sized.unpacked] == [None, None]  # the slice is one chip
+    # At their own accumulation they fit nowhere: the slice is one chip.
+    assert [n.chips for n in sized.unpacked] == [None, None]
     assert any("in 2 micro-batches of 16 sequences" in note for note in sized.plan.notes)
     lines = wall_time_lines(sized, 0)
     assert len(lines) == 3 and lines[0].startswith("estimated wall time on v5p-2")
     assert lines[2].startswith("  (2 run(s) planned in micro-batches to fit one host; each at "
                                "its own train.grad_accum instead: packed n/a")
-    # Without packing, the same shape fits nowhere on this chip.
-    assert sizing.fit_shape(config, packing.parse_slice("v5p-2"), pack=False).chips is None
 
 
 # --- From any directory: experiment paths and the demo's sweep are found in the checkout. ---

@@ -67,7 +67,7 @@ def resolve(experiment: str, overrides: Overrides) -> Config:
     return parse(load_config(experiment, [f"--config.{k}={format_value(v)}" for k, v in overrides]))
 
 
-def _merge(*sources: Iterable[tuple[str, Any]]) -> Overrides:
+def merge(*sources: Iterable[tuple[str, Any]]) -> Overrides:
     # Later sources win, and each field appears once, so the command line is unambiguous.
     merged: dict[str, Any] = {}
     for source in sources:
@@ -119,7 +119,7 @@ def _fixed(sweep: Sweep, family: Family, extra_overrides: Overrides = ()) -> Ove
         extra.append(("train.batch_size", sweep.batch_size))
     if sweep.seq_len:
         extra.append(("train.seq_len", sweep.seq_len))
-    return _merge(sweep.overrides, family.overrides, extra, extra_overrides)
+    return merge(sweep.overrides, family.overrides, extra, extra_overrides)
 
 
 def _schedule(sweep: Sweep, steps: int) -> list[tuple[str, Any]]:
@@ -246,32 +246,6 @@ def overrides_text(overrides: Overrides) -> str:
     return " ".join(f"--config.{k}={format_value(v)}" for k, v in overrides)
 
 
-def with_overrides(runs: Sequence[PlannedRun],
-                   extra: dict[str, Overrides]) -> tuple[PlannedRun, ...]:
-    """The runs with `extra` (run id -> overrides) merged into theirs, each changed run
-    resolved again under its new id (every field is hashed), and a branch of a changed trunk
-    pointed at the trunk's new id (trunks come before their branches in a plan). What sizing
-    uses to give a run the micro-batches that fit it on one host."""
-    renamed: dict[str, str] = {}
-    out = []
-    for run in runs:
-        more = list(extra.get(run.run_id, ()))
-        trunk = run.config.train.branch_from
-        if trunk in renamed:
-            more.append(("train.branch_from", renamed[trunk]))
-        if not more:
-            out.append(run)
-            continue
-        overrides = _merge(run.overrides, more)
-        config = resolve(run.experiment, overrides)
-        run_id = renamed[run.run_id] = config_hash(config)
-        row = {**run.row, "run_id": run_id, "branch_of": config.train.branch_from or None,
-               "overrides": overrides_text(overrides)}
-        out.append(dataclasses.replace(run, run_id=run_id, overrides=overrides, config=config,
-                                       row=row))
-    return tuple(out)
-
-
 def parse_config_overrides(args: Sequence[str]) -> Overrides:
     """`--config.a.b=v` command-line arguments -> (("a.b", "v"), ...); ml_collections parses
     the values by the fields' types when each run's config is resolved."""
@@ -317,7 +291,7 @@ def plan(sweep: Sweep, peak_flops: float | None = None, mfu: float | None = None
         base = resolve(family.experiment, fixed)
         shape_sets = _shape_sets(sweep, family, base)
         for gi, point in enumerate(grid_points):
-            shapes = [_resolve_shape(family.experiment, _merge(fixed, s, point), sweep.shape.params)
+            shapes = [_resolve_shape(family.experiment, merge(fixed, s, point), sweep.shape.params)
                       for s in shape_sets]
             chosen: dict[Overrides, list[tuple[int, float | None, int]]] = {}
             by_overrides = {s.overrides: s for s in shapes}
@@ -367,7 +341,7 @@ class _Context:
 
 
 def _standalone(ctx: _Context, shape: _Shape, budget: float | None, steps: int) -> PlannedRun:
-    overrides = _merge(shape.overrides, ctx.fixed, _schedule(ctx.sweep, steps))
+    overrides = merge(shape.overrides, ctx.fixed, _schedule(ctx.sweep, steps))
     return ctx.run(budget, overrides, Role.RUN)
 
 
@@ -392,10 +366,10 @@ def _branched(ctx: _Context, shape: _Shape, points: list[tuple[int, float | None
     if len(branchable) < 2:
         return alone
     keep = tuple(sorted({starts[steps] for _, _, steps in branchable}))
-    trunk = ctx.run(None, _merge(shape.overrides, ctx.fixed, _schedule(sweep, keep[-1]), [
+    trunk = ctx.run(None, merge(shape.overrides, ctx.fixed, _schedule(sweep, keep[-1]), [
         ("train.schedule", Schedule.CONSTANT.value), ("train.warmup_steps", warmup),
         ("train.keep_steps", keep)]), Role.TRUNK)
-    branches = [(bi, ctx.run(budget, _merge(shape.overrides, ctx.fixed, _schedule(sweep, steps), [
+    branches = [(bi, ctx.run(budget, merge(shape.overrides, ctx.fixed, _schedule(sweep, steps), [
         ("train.warmup_steps", warmup), ("train.branch_from", trunk.run_id),
         ("train.branch_step", starts[steps])]), Role.BRANCH)) for bi, budget, steps in branchable]
     return [(-1, trunk), *branches, *alone]

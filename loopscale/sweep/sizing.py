@@ -6,7 +6,7 @@ Runs that differ only in schedule, LR, seed or data share one compiled step (sha
 each distinct shape is compiled once per call: on 1, 2, 4, ... chips with the run's own mesh
 config (-1 fills the chips), smallest first, until the step fits in HBM; a step that one host's
 chips cannot hold is first tried there in 2, 4, ... micro-batches (fit_shape), and its runs are
-planned so (plan.with_overrides). A chip count over
+planned so (with_overrides). A chip count over
 which the batch or a sharded parameter cannot be split does not count (the trainer would refuse
 it too). The step time on that count, and on the whole slice (where runs too big for one host
 go, and what one-run-at-a-time would use), is XLA's cost-model estimate (aot.step_cost), an
@@ -24,14 +24,15 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from loopscale.config import Config
 from loopscale.errors import UsageError
 from loopscale.sweep.packing import Need, Slice
 from loopscale.files import to_json
-from loopscale.sweep.plan import with_overrides
+from loopscale.sweep.plan import config_hash, merge, overrides_text, resolve
 from loopscale.sweep.plan_table import Plan, PlannedRun
+from loopscale.sweep.schema import Overrides
 
 def shape_key(config: Config) -> str:
     """Equal for configs whose train steps compile to programs of the same memory and cost:
@@ -152,7 +153,7 @@ def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: Non
               pack: bool = True) -> Sized:
     """Every run's chips and step time on `slc`, one compile search per distinct shape
     (fit_shape). A run whose shape fits one host only in micro-batches is planned with them
-    (train.grad_accum, so a new run id; its branches follow it)."""
+    (train.grad_accum, so a new run id; its branches follow it: with_overrides)."""
     keys = [shape_key(run.config) for run in plan.runs]
     fits: dict[str, ShapeFit] = {}
     notes = list(plan.notes)
@@ -233,3 +234,29 @@ def _step_times(run: PlannedRun, fit: ShapeFit, slc: Slice) -> tuple[float | Non
         return fit.step_time_s, fit.slice_step_time_s if fit.slice_splits else None
     device_s = run.row["est_device_hours"] * 3600 / run.config.train.steps
     return device_s / fit.chips, device_s / slc.chips if fit.slice_splits else None
+
+
+def with_overrides(runs: Sequence[PlannedRun],
+                   extra: dict[str, Overrides]) -> tuple[PlannedRun, ...]:
+    """The runs with `extra` (run id -> overrides) merged into theirs, each changed run
+    resolved again under its new id (every field is hashed), and a branch of a changed trunk
+    pointed at the trunk's new id (trunks come before their branches in a plan). What sizing
+    uses to give a run the micro-batches that fit it on one host (size_plan)."""
+    renamed: dict[str, str] = {}
+    out = []
+    for run in runs:
+        more = list(extra.get(run.run_id, ()))
+        trunk = run.config.train.branch_from
+        if trunk in renamed:
+            more.append(("train.branch_from", renamed[trunk]))
+        if not more:
+            out.append(run)
+            continue
+        overrides = merge(run.overrides, more)
+        config = resolve(run.experiment, overrides)
+        run_id = renamed[run.run_id] = config_hash(config)
+        row = {**run.row, "run_id": run_id, "branch_of": config.train.branch_from or None,
+               "overrides": overrides_text(overrides)}
+        out.append(dataclasses.replace(run, run_id=run_id, overrides=overrides, config=config,
+                                       row=row))
+    return tuple(out)
