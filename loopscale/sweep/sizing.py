@@ -55,20 +55,18 @@ class ShapeFit:
     unpacked: ShapeFit | None = None
 
 
-def fit_shape(config: Config, slc: Slice, pack: bool = True) -> ShapeFit:
-    """The fewest chips `config`'s step fits on. With `pack`, a step too big for one host's
-    chips first tries 2, 4, ... times the micro-batches a step on one host (the same batch in
+def fit_shape(config: Config, slc: Slice) -> ShapeFit:
+    """The fewest chips `config`'s step fits on. A step too big for one host's chips first
+    tries 2, 4, ... times the micro-batches a step on one host (the same batch in
     smaller pieces: less activation memory, the same parameters) before taking more hosts:
     packed runs keep every host busy, and a run over several hosts leaves the others idle or
     waits for a whole slice (packing.py)."""
     from loopscale.aot import compile as aot
 
     host = min(slc.chips_per_host, slc.chips)
-    n, why = _fewest_chips(aot, config, slc, 1, host if pack else slc.chips)
+    n, why = _fewest_chips(aot, config, slc, 1, host)
     if n is not None:
         return _timed(aot, config, slc, n)
-    if not pack:
-        return ShapeFit(None, None, None, False, why)
     accumulating = _accumulating(aot, config, aot.tpu_target(slc.topology_name(host)))
     n, more_why = _fewest_chips(aot, config, slc, 2 * host, slc.chips)
     unpacked = (_timed(aot, config, slc, n) if n is not None
@@ -149,8 +147,7 @@ class Sized:
     unpacked: tuple[Need, ...] | None = None
 
 
-def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: None,
-              pack: bool = True) -> Sized:
+def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: None) -> Sized:
     """Every run's chips and step time on `slc`, one compile search per distinct shape
     (fit_shape). A run whose shape fits one host only in micro-batches is planned with them
     (train.grad_accum, so a new run id; its branches follow it: with_overrides)."""
@@ -162,7 +159,7 @@ def size_plan(plan: Plan, slc: Slice, log: Callable[[str], None] = lambda _: Non
         run = plan.runs[keys.index(key)]
         what = f"{run.family} d_model={run.config.model.d_model}"
         t0 = time.perf_counter()
-        fit = fits[key] = fit_shape(run.config, slc, pack)
+        fit = fits[key] = fit_shape(run.config, slc)
         if fit.chips is None:
             notes.append(f"{what} does not fit on {slc.name}: {fit.why}")
         elif not _xla_times_usable(fit):
