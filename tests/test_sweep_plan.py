@@ -456,16 +456,19 @@ def test_a_step_too_big_for_one_host_is_planned_in_micro_batches(monkeypatch, le
     from loopscale.sweep.sizing import with_overrides
     from loopscale.sweep.plan_table import Plan
 
-    sweep = load_sweep("sweeps/isoflop_cpu.py", ["--sweep.select=base", "--sweep.budgets=(1e11,)",
-                                                 "--sweep.shape.sizes=1", "--sweep.seeds=(0,1)"])
+    sweep = load_sweep("sweeps/isoflop_cpu.py", [
+        "--sweep.select=base", "--sweep.budgets=(1e11,)", "--sweep.shape.sizes=1",
+        "--sweep.seeds=(0,1)"])
     planned = plan(sweep)
     bigger = (("train.batch_size", 32), ("train.seq_len", 128))
-    runs = Plan(sweep, with_overrides(planned.runs, {r.run_id: bigger for r in planned.runs}), ())
+    runs = Plan(sweep, with_overrides(planned.runs, {r.run_id: bigger for r in planned.runs}),
+                ())
     config = runs.runs[0].config
     target = aot.tpu_target("v5p-2")
 
     def total(accum):
-        c = dataclasses.replace(config, train=dataclasses.replace(config.train, grad_accum=accum))
+        train = dataclasses.replace(config.train, grad_accum=accum)
+        c = dataclasses.replace(config, train=train)
         return aot.report(c, target, "train", cost=False)["memory_per_chip"]["total"]
 
     whole, halves = total(1), total(2)

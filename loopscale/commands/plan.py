@@ -12,8 +12,8 @@ the planner left out or warns about goes to stderr. A budget no shape can meet e
 (loopscale/sweep/sizing.py; progress on stderr): `chips` is the fewest power-of-two chips a
 run fits on, a step too big for one host first split into 2, 4, ... micro-batches on one host
 (train.grad_accum, in its overrides and so its run id; a note names each such shape and a line
-gives the wall time without), `est_step_time_s` XLA's estimated step time there, est_device_hours chips x steps
-x that time, and two more lines give the sweep's estimated wall time on the slice, packed as
+gives the wall time without), `est_step_time_s` XLA's estimated step time there,
+est_device_hours chips x steps x that time, and two more lines give the sweep's estimated wall time on the slice, packed as
 `loopscale sweep --launcher=tpu-pod --topology=SLICE` launches it and one run at a time on all
 chips, each run counting --startup-s of start-up (packing.py). Without it the two columns stay
 empty."""
@@ -107,10 +107,11 @@ def wall_time_lines(sized, startup_s: float) -> list[str]:
         # Sizing as it was before it traded micro-batches for chips, beside.
         own = sized.unpacked
         traded = sum(a.chips != b.chips for a, b in zip(needs, own))
+        packed = hours(packing.packed_wall_time(slc, own, startup_s))
+        serial = hours(packing.serial_wall_time(slc, own, startup_s))
         lines.append(f"  ({traded} run(s) planned in micro-batches to fit one host; each at its "
-                     f"own train.grad_accum instead: packed "
-                     f"{hours(packing.packed_wall_time(slc, own, startup_s))}, one run at a "
-                     f"time on all chips {hours(packing.serial_wall_time(slc, own, startup_s))})")
+                     f"own train.grad_accum instead: packed {packed}, one run at a time on all "
+                     f"chips {serial})")
     return lines
 
 
