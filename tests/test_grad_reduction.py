@@ -54,6 +54,22 @@ def test_one_all_reduce_a_step_whatever_the_loops_and_micro_batches():
     assert per_use[3] > 1.5 * per_use[1], per_use
 
 
+def test_the_cost_of_a_step_in_micro_batches_counts_its_one_reduction_once():
+    """aot.step_cost of a step in 4 micro-batches: the gradient is all-reduced once, as in the
+    step of the whole batch at once, and the FLOPs are the whole batch's (the micro-batches'
+    work four times, the optimiser's update once). Four times one micro-batch's step would
+    count the reduction four times."""
+    def cost(accum: int) -> dict:
+        config = steps.load("base.py:tiny", [*DATA8[:1], "--config.train.batch_size=32",
+                                             f"--config.train.grad_accum={accum}"])
+        return aot.step_cost(config, jax.devices()[:8])
+
+    whole, micro = cost(1), cost(4)
+    assert micro["collectives"]["all-reduce"]["bytes"] == pytest.approx(
+        whole["collectives"]["all-reduce"]["bytes"], rel=0.01), (whole, micro)
+    assert micro["xla_flops_per_chip"] == pytest.approx(whole["xla_flops_per_chip"], rel=0.02)
+
+
 def test_compiled_for_a_tpu_the_gradient_is_reduced_once_in_bfloat16():
     """On a v5p slice (libtpu on this CPU), computing in bfloat16: the one reduction is of
     the gradient in bfloat16, 2 bytes a parameter, and the loss (XLA:CPU would widen it)."""

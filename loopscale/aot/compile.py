@@ -16,7 +16,11 @@ What comes back, per chip:
   step (1 or 2 loops of 1 or 2 layers) and extrapolated, since the cost is linear in both:
   cost(K, L) = X + L a0 + (K - 1)(L a1 + b1), where X is everything outside the layers
   (embedding, readout, loss, optimiser of the vocabulary matrices), a0 a layer on loop 1,
-  a1 a layer on a later loop (injection adds work there) and b1 a later loop's own work;
+  a1 a layer on a later loop (injection adds work there) and b1 a later loop's own work.
+  A train step in A micro-batches (`train.grad_accum`) is compiled at each point with one
+  micro-batch (c1) and with two, unrolled (c2): what the second added is a micro-batch's
+  work, the rest (the optimiser's update, a gradient reduced or parameters gathered once a
+  step) is done once, so the step costs c1 + (A - 1)(c2 - c1);
 - collectives: all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute
   read from the compiled HLO, count and bytes per step (extrapolated the same way).
 Compiled for TPU, the step gets the launched runs' flags (parallel/xla_flags.py: collectives
@@ -218,12 +222,13 @@ def _prod(dims: str) -> int:
     return n
 
 
-def _shallow(config: Config, loops: int, layers: int) -> Config:
-    """`config` at `loops` x `layers`, unrolled, one micro-batch per step (the scan over
-    micro-batches is a while loop too)."""
+def _shallow(config: Config, loops: int, layers: int, accum: int = 1) -> Config:
+    """`config` at `loops` x `layers`, unrolled, with `accum` of its micro-batches a step (the
+    micro-batches unrolled too: train/step.py `gradients`)."""
     model = dataclasses.replace(config.model, n_loops=loops, n_unique=layers, scan=False)
     t = config.train
-    train = dataclasses.replace(t, batch_size=t.batch_size // t.grad_accum, grad_accum=1)
+    train = dataclasses.replace(t, batch_size=t.batch_size // t.grad_accum * accum,
+                                grad_accum=accum)
     return dataclasses.replace(config, model=model, train=train)
 
 
@@ -238,26 +243,44 @@ def _extrapolate(c: dict, loops: int, layers: int) -> float:
     return x + layers * a0 + (loops - 1) * (layers * a1 + b1)
 
 
+def _figures(config: Config, devices, step: str, kernels: dict) -> dict[str, float]:
+    """XLA's cost and collectives of `config`'s step compiled for `devices`; the custom kernels
+    XLA cannot price are added to `kernels`."""
+    lowered, _ = lower(config, devices, step)
+    compiled = compile_lowered(lowered, devices)
+    cost = _cost(compiled)
+    hlo = compiled.as_text()
+    coll = collectives(hlo)
+    kernels.update(unpriced_kernels(hlo))
+    return {"flops": float(cost.get("flops", 0.0)), "kernel_flops": declared_kernel_flops(hlo),
+            "seconds": float(cost.get("optimal_seconds", 0.0)),
+            **{f"{op}/{key}": float(coll[op][key]) for op in COLLECTIVES
+               for key in ("count", "bytes")}}
+
+
 def step_cost(config: Config, devices, step: str = "train") -> dict:
     """XLA's per-chip flops, step time (`optimal_seconds`) and collectives of the whole step,
     extrapolated from shallow unrolled compiles (module docstring)."""
     K, L = config.model.n_loops, config.model.n_unique
     points = [(1, 1), (1, 2)] + ([(2, 1), (2, 2)] if K > 1 else [])
-    figures, kernels = {}, {}
-    for k, l in points:
-        lowered, _ = lower(_shallow(config, k, l), devices, step)
-        compiled = compile_lowered(lowered, devices)
-        cost = _cost(compiled)
-        hlo = compiled.as_text()
-        coll = collectives(hlo)
-        kernels.update(unpriced_kernels(hlo))
-        figures[k, l] = {"flops": float(cost.get("flops", 0.0)),
-                         "kernel_flops": declared_kernel_flops(hlo),
-                         "seconds": float(cost.get("optimal_seconds", 0.0)),
-                         **{f"{op}/{key}": float(coll[op][key]) for op in COLLECTIVES
-                            for key in ("count", "bytes")}}
     accum = config.train.grad_accum
-    est = {name: accum * _extrapolate({p: f[name] for p, f in figures.items()}, K, L)
+    # A train step in micro-batches is a part done once (the optimiser's update; the gradient's
+    # reduction and fsdp's gather, where they happen once a step) and a part done per
+    # micro-batch; one and two micro-batches a step tell them apart. The eval steps have no
+    # such part: all is per micro-batch.
+    twice = accum > 1 and step == "train"
+    figures, kernels, seconds = {}, {}, []
+    for k, l in points:
+        one = _figures(_shallow(config, k, l), devices, step, kernels)
+        seconds.append(one["seconds"])
+        if twice:
+            two = _figures(_shallow(config, k, l, accum=2), devices, step, kernels)
+            seconds.append(two["seconds"])
+            figures[k, l] = {name: one[name] + (accum - 1) * (two[name] - one[name])
+                             for name in one}
+        else:
+            figures[k, l] = {name: accum * value for name, value in one.items()}
+    est = {name: _extrapolate({p: f[name] for p, f in figures.items()}, K, L)
            for name in figures[1, 1]}
     out = {
         "xla_flops_per_chip": est["flops"],
@@ -268,7 +291,7 @@ def step_cost(config: Config, devices, step: str = "train") -> dict:
                         for op in COLLECTIVES},
     }
     warnings = []
-    if min(f["seconds"] for f in figures.values()) < 0:
+    if min(seconds) < 0:
         # libtpu's cost model prices some instructions at -1 s (measured: sort and the top_k
         # custom call, which the model therefore avoids; a program over several slices comes
         # out negative too; so do megablox's group bookkeeping or its kernels); a negative

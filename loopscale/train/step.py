@@ -171,7 +171,10 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), aux
 
     init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), aux = jax.lax.scan(body, init, micro_batches(batch, train.grad_accum))
+    # Unrolled where the model is (`scan=False`, the form aot.compile.step_cost compiles):
+    # XLA's cost analysis counts a while loop's body once, so it would see one micro-batch.
+    (loss, grads), aux = jax.lax.scan(body, init, micro_batches(batch, train.grad_accum),
+                                      unroll=not model.cfg.scan)
     return loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), grads
 
 
