@@ -48,22 +48,23 @@ if not GPU_RUN:
     jax.config.update("jax_platforms", "cpu")
 
 # The longest files first, in the order of their measured time (`--durations=0`, summed per
-# file, 2026-12-05): `make test` runs files on two workers (pytest-xdist, --dist loadfile),
-# handing out files in collection order, so this is longest-processing-time-first scheduling and
-# the last files to start are the short ones. The Makefile passes --no-loadscope-reorder: by
-# default xdist re-sorts files by their number of tests, which put the 2-test, 3-minute
-# test_weak_scaling.py last, run by one worker while the other idled.
-LONGEST_FIRST = ("test_coordcheck.py", "test_train.py", "test_weak_scaling.py",
-                 "test_train_units.py", "test_bench.py", "test_flops.py", "test_eval.py",
-                 "test_compile.py", "test_model.py", "test_branches.py", "test_analysis.py",
-                 "test_multiprocess.py", "test_eval_patching.py", "test_eval_lens.py",
-                 "test_model_parts.py", "test_loop_schedule.py", "test_loop_modulation.py",
-                 "test_gpu.py", "test_attention_core.py", "test_object_store.py",
-                 "test_xla_flags.py", "test_zero1.py", "test_grad_reduction.py",
-                 "test_sweep_plan.py",
-                 "test_scaling_holdout.py", "test_moe.py", "test_mup.py",
-                 "test_init.py", "test_sweep_runner.py", "test_loss.py", "test_sweep_train.py",
-                 "test_sweep_collect.py", "test_scaling_parametric.py")
+# file, 2026-12-07, with COMPILE_BOUND's optimisations off): `make test` runs files on two
+# workers (pytest-xdist, --dist loadfile), handing out files in collection order, so this is
+# longest-processing-time-first scheduling and the last files to start are the short ones. The
+# Makefile passes --no-loadscope-reorder: by default xdist re-sorts files by their number of
+# tests, which put the 2-test, 3-minute test_weak_scaling.py last, run by one worker while the
+# other idled.
+LONGEST_FIRST = ("test_coordcheck.py", "test_weak_scaling.py", "test_train.py",
+                 "test_grad_reduction.py", "test_model_parts.py", "test_bench.py",
+                 "test_compile.py", "test_flops.py", "test_sweep_plan.py", "test_analysis.py",
+                 "test_eval_patching.py", "test_gpu.py", "test_eval.py", "test_object_store.py",
+                 "test_sweep_runner.py", "test_attention_core.py", "test_moe.py", "test_model.py",
+                 "test_branches.py", "test_train_units.py", "test_eval_lens.py",
+                 "test_loop_schedule.py", "test_xla_flags.py", "test_multiprocess.py",
+                 "test_scaling_holdout.py", "test_loop_modulation.py", "test_init.py",
+                 "test_mup.py", "test_zero1.py", "test_sweep_train.py", "test_loss.py",
+                 "test_sweep_workers.py", "test_scaling_parametric.py", "test_sweep_collect.py",
+                 "test_report.py", "test_eval_mc.py", "test_sweep_launchers.py", "test_faults.py")
 
 
 # The files that run with XLA's optimisations off (see the module docstring): compiling, not
