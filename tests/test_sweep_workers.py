@@ -37,8 +37,10 @@ def get_config(arg=None):
 
 
 def _workers() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "loopscale.sweep.worker"], capture_output=True,
-                         text=True).stdout
+    """This process's own workers (its children): another test file running beside this one
+    (pytest -n 2) may have warm workers of its own, which are not this test's to count or kill."""
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "loopscale.sweep.worker"],
+                         capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
 

@@ -52,6 +52,7 @@ from loopscale.config import Config
 from loopscale.config.schema import DType, FFNKind, FlopConvention
 from loopscale.errors import UsageError
 from loopscale.train import eval_loss
+from loopscale.train import step as step_lib
 from loopscale.parallel import mesh as mesh_lib
 from loopscale.parallel import peaks, xla_flags
 from loopscale.train import trainer
@@ -223,8 +224,7 @@ def _prod(dims: str) -> int:
 
 
 def _shallow(config: Config, loops: int, layers: int, accum: int = 1) -> Config:
-    """`config` at `loops` x `layers`, unrolled, with `accum` of its micro-batches a step (the
-    micro-batches unrolled too: train/step.py `gradients`)."""
+    """`config` at `loops` x `layers`, unrolled, with `accum` of its micro-batches a step."""
     model = dataclasses.replace(config.model, n_loops=loops, n_unique=layers, scan=False)
     t = config.train
     train = dataclasses.replace(t, batch_size=t.batch_size // t.grad_accum * accum,
@@ -245,8 +245,9 @@ def _extrapolate(c: dict, loops: int, layers: int) -> float:
 
 def _figures(config: Config, devices, step: str, kernels: dict) -> dict[str, float]:
     """XLA's cost and collectives of `config`'s step compiled for `devices`; the custom kernels
-    XLA cannot price are added to `kernels`."""
-    lowered, _ = lower(config, devices, step)
+    XLA cannot price are added to `kernels`. Micro-batches are unrolled, so that all count."""
+    with step_lib.unrolled_micro_batches():
+        lowered, _ = lower(config, devices, step)
     compiled = compile_lowered(lowered, devices)
     cost = _cost(compiled)
     hlo = compiled.as_text()

@@ -7,6 +7,8 @@ held-out evaluation step that the trainer runs is train/eval_loss.py.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Any
@@ -128,6 +130,23 @@ def objective(params, out: ModelOutputs, batch, model: LoopedLM, train: TrainCon
     return total, aux
 
 
+# Whether `gradients` unrolls its loop over micro-batches: read when the step is traced, set
+# only by `unrolled_micro_batches` (aot.compile.step_cost, whose XLA cost analysis counts a
+# while loop's body once). The step computes the same either way; a trained step keeps the
+# loop, so that one micro-batch's activations are live at a time.
+_UNROLL_MICRO_BATCHES = contextvars.ContextVar("unroll_micro_batches", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_micro_batches():
+    """Steps traced inside run their micro-batches unrolled (for cost analysis only)."""
+    token = _UNROLL_MICRO_BATCHES.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL_MICRO_BATCHES.reset(token)
+
+
 def micro_batches(batch, accum: int):
     """(B, ...) -> (accum, B/accum, ...) with micro-batch i = rows i, i+accum, ..., so each
     micro-batch keeps rows from every data-parallel shard."""
@@ -171,10 +190,8 @@ def gradients(params, batch, model: LoopedLM, train: TrainConfig, n_loops: int,
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), aux
 
     init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    # Unrolled where the model is (`scan=False`, the form aot.compile.step_cost compiles):
-    # XLA's cost analysis counts a while loop's body once, so it would see one micro-batch.
     (loss, grads), aux = jax.lax.scan(body, init, micro_batches(batch, train.grad_accum),
-                                      unroll=not model.cfg.scan)
+                                      unroll=_UNROLL_MICRO_BATCHES.get())
     return loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), aux), grads
 
 
