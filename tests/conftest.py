@@ -23,6 +23,14 @@ compiles 439 s; 281 compiles over 2 s each make 1,449 s of it (79 train steps, 6
 between the workers could save in-process; and three in-process training files (eval,
 patching, analysis) took 248 s on one device against 267 s on 8, run side by side. The time is
 distinct programs, not repeats.
+
+Tried and not adopted (2026-12-07): XLA:CPU's older fusion emitter
+(`--xla_cpu_use_fusion_emitters=false`). It compiles a tiny train step faster (Base 4.6 -> 3.0 s,
+Looped-MoE 10.7 -> 8.9 s; with the optimisations off 2.6 -> 1.4 s and 5.8 -> 2.5 s) but runs it
+slower (Base 23.9 -> 28.2 ms a step), so file by file it is a wash (paired: test_flops 109 ->
+91 s, test_model_parts 120 -> 134 s), and the whole suite under it failed three tests whose
+subject is XLA:CPU's own output: an HLO-structure check of the MoE dispatch (no scatter left),
+two compiled programs equal to rtol 1e-6, and a fit whose basin depends on the last digits.
 """
 
 import os
