@@ -28,9 +28,9 @@ Tried and not adopted (2026-12-07): XLA:CPU's older fusion emitter
 (`--xla_cpu_use_fusion_emitters=false`). It compiles a tiny train step faster (Base 4.6 -> 3.0 s,
 Looped-MoE 10.7 -> 8.9 s; with the optimisations off 2.6 -> 1.4 s and 5.8 -> 2.5 s) but runs it
 slower (Base 23.9 -> 28.2 ms a step), so file by file it is a wash (paired: test_flops 109 ->
-91 s, test_model_parts 120 -> 134 s), and the whole suite under it failed three tests whose
-subject is XLA:CPU's own output: an HLO-structure check of the MoE dispatch (no scatter left),
-two compiled programs equal to rtol 1e-6, and a fit whose basin depends on the last digits.
+91 s, test_model_parts 120 -> 134 s), and the whole suite under it failed two tests whose
+subject is XLA:CPU's own output: an HLO-structure check of the MoE dispatch (no scatter left)
+and two compiled programs equal to rtol 1e-6.
 """
 
 import os
