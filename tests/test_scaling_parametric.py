@@ -156,9 +156,10 @@ def test_bootstrap_refits_search_the_grid_where_warm_starts_miss_the_basin(synth
     bootstrap's grid-searched refits give the direct fit's figures, the same as from the right
     warm starts, and the same samples again given the same seed."""
     fit, (n, d, loss) = synthetic_fit
-    # beta 2 with B = e^12: B / D^beta is ~1e-13 of the loss at these D, so L-BFGS-B has no
-    # gradient to leave the basin by, on any CPU. (At beta 1.2 it was stuck on the machine the
-    # test was written on and, on an AMD EPYC, escaped on one of the two resamples.)
+    # beta 2 with B = e^12: B / D^beta is at most ~1e-13 of the loss at these D, so L-BFGS-B
+    # has next to no gradient to leave the basin by (beta stayed at 2.000 on both resamples on
+    # an AMD EPYC, where at beta 1.2 one resample escaped; it was stuck on the machine the test
+    # was written on).
     wrong = dataclasses.replace(fit, warm_starts=((0.0, 12.0, 1.0, 0.05, 2.0),))
     boot = bootstrap_parametric(wrong, n, d, loss, 2, np.random.default_rng(5))
     again = bootstrap_parametric(fit, n, d, loss, 2, np.random.default_rng(5))
