@@ -8,7 +8,12 @@ first run that compiles what both reuse; start-up and the final evaluation are i
 cancel, so the difference per extra step is the loop's. The pair runs three times in turn and
 each length keeps its least time: a run's fixed cost (a quarter of a second on this CPU) moves
 by tens of milliseconds from run to run, only ever upwards (a collection, a page fault, another
-process), which at the tiny scale once made a 25-step run cost more than a 75-step one.
+process), which at the tiny scale once made a 25-step run cost more than a 75-step one, and
+in CI (2026-12-07) made the loop's CPU time for 75 steps less than for 25 (a per-step figure
+of -0.48 ms): measured here, one length's thread time moves by 0.1 s between runs, while 50
+steps add about 0.05 s. So the tiny scale runs 100 and 300 steps (0.16 s of CPU time apart,
+measured the same way, each length the least of 4 runs), and each run starts after a garbage
+collection, so the previous run's garbage is not collected inside the next one's timing.
 
 The figure is the CPU time of the trainer's own thread a step (`time.thread_time`): the work an
 accelerator's host does for each step, which must stay below the device step for the device
@@ -20,6 +25,7 @@ loop's for them, and moves by a millisecond from run to run.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import tempfile
 import time
@@ -40,6 +46,7 @@ def _train_seconds(count: int, log_every: int):
                                          f"--config.train.log_every={log_every}"])
     with tempfile.TemporaryDirectory() as workdir, \
             contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        gc.collect()
         start, cpu = time.perf_counter(), time.thread_time()
         code = trainer.train(config, workdir, steps.one_device())
         seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu

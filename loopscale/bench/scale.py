@@ -62,6 +62,6 @@ TINY = Scale(name="tiny", d_model=32, n_heads=1, seq_len=16, batch_size=2, reps=
              compile_reps=1, base_layers=2, layers=2, flt_loops=2, memory_loops=3,
              compile_loops=(1, 2), data_batches=2, sweep=None, sweep_concurrency=1,
              fit_grid="small", fit_bootstrap=4, mfu_preset="tiny", mfu_topology="v5p-8",
-             host_steps=25)
+             host_steps=100)
 
 SCALES = {s.name: s for s in (FULL, TINY)}
