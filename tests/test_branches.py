@@ -185,6 +185,12 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
     assert err.strip().splitlines()[-1].startswith("loopscale demo: error: ")
     # (the held-out check the demo asks for is the first to find no usable minimum)
     assert "no budget has a usable minimum" in err.strip().splitlines()[-1]
+    # checks.json, written before the report: the train steps' share of the runs' own time
+    shares = json.loads((workdir / "checks.json").read_text())["train_step_share"]
+    assert (shares["sweep"]["runs"], shares["pilot"]["runs"]) == (6, 4)
+    for share in shares.values():
+        assert 0 < share["step_s"] < share["runs_wall_s"]
+        assert share["share_of_runs"] == pytest.approx(share["step_s"] / share["runs_wall_s"])
     table = pd.read_csv(workdir / "results.csv")
     assert sorted(table["run_id"]) == sorted(r["run_id"] for r in rows)
     assert not (workdir / "report").exists()

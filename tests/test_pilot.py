@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from loopscale.commands.demo import dropped_share, headline, measured_curvature, targets
+from loopscale.commands.demo import (dropped_share, headline, measured_curvature,
+                                     step_share_line, targets)
 from loopscale.errors import UsageError
 from loopscale.scaling import pilot as pilot_lib
 
@@ -130,3 +131,15 @@ def test_targets_judge_the_fit_as_the_issue_states_them():
                         "not identified (40% of refits failed), spline 0.600")
     assert "by approach 3 1.320 (error +0.020)" in lines[2]
     assert lines[3] == "looped_moe: held-out 1e+12 not checked (minimum on the edge)"
+
+
+def test_the_step_share_target_reads_the_sweeps_runs():
+    def share(step_s, wall_s, runs):
+        return {"runs": runs, "step_s": step_s, "runs_wall_s": wall_s, "compile_s": 10.0,
+                "share_of_runs": step_s / wall_s}
+    line = step_share_line({"sweep": share(69.0, 100.0, 40), "pilot": share(80.0, 100.0, 6)})
+    assert line == ("target missed: train steps at least 70% of the runs' own wall time: 69% "
+                    "(69 s of steps / 100 s over 40 runs, of which 10 s compiling train steps; "
+                    "the pilot's 80% over 6)")
+    assert step_share_line({"sweep": share(70.0, 100.0, 40), "pilot": share(1.0, 100.0, 6)}
+                           ).startswith("target met: ")

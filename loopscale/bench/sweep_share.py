@@ -16,7 +16,6 @@ compiled step executes (`flops_per_token_computed`, flops.computed_flops_per_tok
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 import statistics
 import tempfile
@@ -24,8 +23,9 @@ import time
 from collections.abc import Sequence
 
 from loopscale.config import Config
-from loopscale.files import read_json, read_jsonl
-from loopscale.rundir.run import CONFIG, METRICS, read_config, read_summary
+from loopscale.files import read_json
+from loopscale.rundir.run import CONFIG, read_config, read_summary
+from loopscale.sweep import time_budget
 
 
 def run_subsweep(sweep_file: str, workdir: str, overrides: Sequence[str],
@@ -46,57 +46,17 @@ def run_subsweep(sweep_file: str, workdir: str, overrides: Sequence[str],
     return wall
 
 
-def run_dirs(workdir: str) -> list[str]:
-    return sorted(d for d in glob.glob(os.path.join(workdir, "runs", "*")) if os.path.isdir(d))
-
-
-def _train_config(rundir: str) -> dict:
-    """config.json's `train` section as written (no parsing: a fake run in a test, or one
-    from an older loopscale, may hold only a few fields)."""
-    return (read_json(os.path.join(rundir, CONFIG)) or {}).get("train") or {}
-
-
-def own_steps(rundir: str) -> int:
-    """The steps this run trained itself. summary.json's `steps` is the step it reached; a
-    cooldown branch started at its trunk's branch_step, whose steps (and their times) are the
-    trunk's, not its own metrics.jsonl's."""
-    summary = read_summary(rundir) or {}
-    steps = int(summary.get("steps") or 0)
-    train = _train_config(rundir)
-    start = int(train.get("branch_step") or 0) if train.get("branch_from") else 0
-    return max(steps - start, 0)
-
-
-def step_seconds(rundir: str) -> tuple[float, int]:
-    """(seconds in train steps, steps) of one run's own steps. Every step's time is logged
-    when log_every is 1; otherwise the logged steps' mean stands for the others."""
-    rows = [r for r in read_jsonl(os.path.join(rundir, METRICS)) if "step_time_s" in r]
-    steps = own_steps(rundir) or len(rows)
-    if not rows:
-        return 0.0, steps
-    return sum(r["step_time_s"] for r in rows) * steps / len(rows), steps
-
-
 def share(workdir: str, wall_s: float, concurrency: int) -> dict:
-    """The sweep's time budget, read from its run directories (workdir/runs/*)."""
-    rundirs = run_dirs(workdir)
-    step_s = steps = run_wall_s = compile_s = 0.0
-    for rundir in rundirs:
-        s, n = step_seconds(rundir)
-        step_s, steps = step_s + s, steps + n
-        summary = read_summary(rundir) or {}
-        run_wall_s += summary.get("wall_time_s") or 0.0
-        compile_s += summary.get("compile_time_s") or 0.0
+    """The sweep's time budget, read from its run directories (workdir/runs/*): the runs'
+    own (sweep/time_budget.py), and the same step seconds over the runner's slot-seconds."""
+    runs = time_budget.runs_share(workdir)
     slots = concurrency * wall_s
+    # `share_of_runs` (in `runs`) is the issue's accounting: steps over the runs' own wall time
+    # (summary.json), which leaves out process start, JAX import and the runner.
     return {
-        "runs": len(rundirs), "steps": int(steps), "concurrency": concurrency,
-        "sweep_wall_s": wall_s, "step_s": step_s, "compile_s": compile_s,
-        "runs_wall_s": run_wall_s,
-        "share_of_sweep": step_s / slots if slots else 0.0,
-        # the issue's accounting: steps over the runs' own wall time (summary.json), which
-        # leaves out process start, JAX import and the runner
-        "share_of_runs": step_s / run_wall_s if run_wall_s else 0.0,
-        "compile_share_of_sweep": compile_s / slots if slots else 0.0,
+        **runs, "concurrency": concurrency, "sweep_wall_s": wall_s,
+        "share_of_sweep": runs["step_s"] / slots if slots else 0.0,
+        "compile_share_of_sweep": runs["compile_s"] / slots if slots else 0.0,
     }
 
 
@@ -104,8 +64,8 @@ def run_flops(rundir: str) -> dict:
     """One run's own train steps: tokens, FLOPs under its convention and as computed, and
     their seconds. Tokens are own steps x batch_size x seq_len of config.json."""
     summary = read_summary(rundir) or {}
-    train = _train_config(rundir)
-    step_s, steps = step_seconds(rundir)
+    train = time_budget.train_config(rundir)
+    step_s, steps = time_budget.step_seconds(rundir)
     tokens = steps * int(train["batch_size"]) * int(train["seq_len"])
     model = (read_json(os.path.join(rundir, CONFIG)) or {}).get("model") or {}
     return {"run": os.path.basename(rundir), "d_model": model.get("d_model"), "steps": steps,
@@ -119,7 +79,7 @@ def flop_rate(workdir: str) -> dict:
     """The sweep's train-step FLOP rate: its runs' FLOPs summed over their step seconds
     summed, under the runs' convention and as computed; and its median width by run (the
     lower median when the runs are even in number, so it is a width that ran)."""
-    runs = [run_flops(d) for d in run_dirs(workdir)]
+    runs = [run_flops(d) for d in time_budget.run_dirs(workdir)]
     if not runs:
         raise ValueError(f"{workdir}: no run directories under runs/")
     step_s = sum(r["step_s"] for r in runs)

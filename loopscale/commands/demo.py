@@ -34,6 +34,8 @@ from loopscale import checkout
 # 5e10, 1.5e11, 5e11) in the demo of 2026-12-04. It varies 2x between budgets: the prediction
 # is an order of magnitude, not a bound.
 CURVATURE = 0.12
+# Issue #21: the train steps' share of the runs' own wall time (sweep/time_budget.py).
+STEP_SHARE = 0.70
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -192,13 +194,24 @@ def targets(doc: dict, reference: str = "base") -> list[str]:
     return [f"target {'met' if ok else 'missed'}: {what}: {figure}" for what, ok, figure in out]
 
 
+def step_share_line(shares: dict[str, dict]) -> str:
+    """Issue #21's target on the runs' time, over the sweep's runs, the pilot's beside."""
+    sweep, pilot = shares["sweep"], shares["pilot"]
+    met = sweep["share_of_runs"] >= STEP_SHARE
+    return (f"target {'met' if met else 'missed'}: train steps at least {STEP_SHARE:.0%} of the "
+            f"runs' own wall time: {sweep['share_of_runs']:.0%} ({sweep['step_s']:.0f} s of "
+            f"steps / {sweep['runs_wall_s']:.0f} s over {sweep['runs']} runs, of which "
+            f"{sweep['compile_s']:.0f} s compiling train steps; the pilot's "
+            f"{pilot['share_of_runs']:.0%} over {pilot['runs']})")
+
+
 def run(args: argparse.Namespace) -> int:
     from loopscale.files import write_json
     from loopscale.scaling import fit as fitting
     from loopscale.scaling import pilot as pilot_lib
     from loopscale.scaling.publish import write_report
     from loopscale.scaling.table import Columns
-    from loopscale.sweep import collect
+    from loopscale.sweep import collect, time_budget
     from loopscale.sweep.plan import plan_file
 
     started = time.monotonic()
@@ -227,7 +240,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     checks_json = os.path.join(workdir, "checks.json")
     checks = {"curvature_assumed": args.curvature, "curvature_measured": measured_curvature(rows),
-              "moe_dropped_frac": dropped_share(rows)}
+              "moe_dropped_frac": dropped_share(rows),
+              "train_step_share": {"pilot": time_budget.runs_share(os.path.join(workdir, "pilot")),
+                                   "sweep": time_budget.runs_share(workdir)}}
     write_json(checks_json, checks)
 
     results, report = os.path.join(workdir, "results.csv"), os.path.join(workdir, "report")
@@ -243,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"the design's assumptions, measured ({checks_json}): IsoFLOP curvature c2 (assumed "
           f"{args.curvature:g} nats per (ln N)^2) {json.dumps(checks['curvature_measured'])}; "
           f"share of MoE token assignments dropped {json.dumps(checks['moe_dropped_frac'])}")
+    print(step_share_line(checks["train_step_share"]))
     elapsed = round(time.monotonic() - started)
     print(f"loopscale demo: {elapsed // 60} min {elapsed % 60} s (runs found done are not "
           f"trained again)")
