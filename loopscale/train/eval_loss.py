@@ -9,6 +9,7 @@ as arguments, so the evaluators of a trained run directory can call it too.
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import jax
@@ -73,13 +74,30 @@ def jit_eval_step(model: LoopedLM, train: TrainConfig, n_loops: int, *, param_sh
                    in_shardings=(param_shardings, batch_sharding))
 
 
+# Evaluation steps dispatched ahead of the one read back: the host makes and places the next
+# batch while the device sums the last (as the train loop does), and at most this many batches
+# wait on the device, whatever the eval set's size.
+AHEAD = 2
+
+
 def evaluate(step, params, eval_ds, batch_sharding) -> dict:
     """The masked mean loss per loop exit over one pass of `eval_ds` (each process's rows,
-    placed with `batch_sharding`), summed by `step` (a `jit_eval_step`)."""
+    placed with `batch_sharding`), summed by `step` (a `jit_eval_step`). The sums are added
+    on the host in the batches' order, so the result does not depend on AHEAD."""
     totals, weight = None, 0.0
-    for local in eval_ds.iterator():
-        out = jax.device_get(step(params, mesh_lib.global_batch(local, batch_sharding)))
+    pending: collections.deque = collections.deque()
+
+    def read_one() -> None:
+        nonlocal totals, weight
+        out = jax.device_get(pending.popleft())
         totals = out["loss_sum_per_loop"] if totals is None else totals + out["loss_sum_per_loop"]
         weight += float(out["weight"])
+
+    for local in eval_ds.iterator():
+        pending.append(step(params, mesh_lib.global_batch(local, batch_sharding)))
+        if len(pending) > AHEAD:
+            read_one()
+    while pending:
+        read_one()
     per_loop = (np.asarray(totals) / max(weight, 1.0)).tolist()
     return {"eval_loss": per_loop[-1], "eval_loss_per_loop": per_loop, "eval_tokens": weight}
