@@ -98,3 +98,32 @@ def test_last_third_loss_is_the_mean_over_its_loops(setup):
     per_loop = np.sum(np.asarray(ce) * mask[None], axis=(1, 2)) / mask.sum()
     _, aux = loss_fn(params, batch, model, train, K)
     assert float(aux["ce"]) == pytest.approx(float(per_loop[2:].mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("batches", [1, 2, 7])
+def test_evaluate_reads_every_batch_once_whatever_it_dispatches_ahead(batches, monkeypatch):
+    """`evaluate` keeps up to AHEAD steps in flight; each batch is summed once, in order, so
+    the result is the same at any depth, with fewer batches than the depth too."""
+    from loopscale.train import eval_loss
+
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    rows = [{"x": np.full((2, 3), float(i + 1) / 3, np.float32)} for i in range(batches)]
+
+    class Source:
+        def iterator(self):
+            return iter(rows)
+
+    def step(params, batch):  # per "loop" sums, and one token weight a row
+        x = batch["x"]
+        return {"loss_sum_per_loop": jnp.stack([x.sum(), params * x.sum()]),
+                "weight": jnp.float32(x.shape[0])}
+
+    got = {}
+    for ahead in (0, 2, 4):
+        monkeypatch.setattr(eval_loss, "AHEAD", ahead)
+        got[ahead] = eval_loss.evaluate(step, 2.0, Source(), sharding)
+    assert got[0] == got[2] == got[4]
+    total = sum(float(r["x"].sum()) for r in rows)
+    assert got[0]["eval_tokens"] == 2 * batches
+    assert got[0]["eval_loss_per_loop"] == pytest.approx([total / (2 * batches),
+                                                          2 * total / (2 * batches)])
