@@ -191,6 +191,11 @@ def test_a_branched_sweep_runs_and_collects_one_row_per_point(sweep_file, tmp_pa
     for share in shares.values():
         assert 0 < share["step_s"] < share["runs_wall_s"]
         assert share["share_of_runs"] == pytest.approx(share["step_s"] / share["runs_wall_s"])
+    # The pilot's runs compiled through the sweep's cache, which the sweep's runs read.
+    pilot_run = next((pilot_dir / "runs").iterdir())
+    cache = f"export JAX_COMPILATION_CACHE_DIR={workdir / 'jax_cache'}\n"
+    assert cache in (pilot_run / "command.sh").read_text()
+    assert not (pilot_dir / "jax_cache").exists() and any((workdir / "jax_cache").iterdir())
     table = pd.read_csv(workdir / "results.csv")
     assert sorted(table["run_id"]) == sorted(r["run_id"] for r in rows)
     assert not (workdir / "report").exists()

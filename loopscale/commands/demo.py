@@ -18,6 +18,7 @@ current directory. Another --sweep file must take the ARGs `pilot` and `full` as
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -62,18 +63,24 @@ def _say(argv: list[str]) -> None:
     print(f"\n$ loopscale {' '.join(argv)}", flush=True)
 
 
-def _sweep_and_collect(spec: str, plan, workdir: str, concurrency: int) -> list[dict] | None:
+def _sweep_and_collect(spec: str, plan, workdir: str, concurrency: int,
+                       cache_dir: str) -> list[dict] | None:
     """`loopscale sweep` of `plan` (the plan of `spec`) then `loopscale collect` into
-    workdir/results.csv: the collected rows, or None if a run failed."""
+    workdir/results.csv: the collected rows, or None if a run failed. Its runs compile
+    through JAX's persistent cache in `cache_dir` unless this process's environment names
+    one (a machine-wide cache, which they then use)."""
     from loopscale.sweep import collect
     from loopscale.sweep.local import outcome_lines, run_local
+    from loopscale.sweep.processes import CACHE_DIR_VARIABLE
     from loopscale.sweep.runner import Options
 
     results = os.path.join(workdir, "results.csv")
     _say(["sweep", f"--sweep={spec}", f"--workdir={workdir}", f"--concurrency={concurrency}"])
     for note in plan.notes:
         sys.stderr.write(f"loopscale sweep: note: {note}\n")
-    outcome = run_local(plan, workdir, Options.standard(concurrency))
+    cache = () if CACHE_DIR_VARIABLE in os.environ else ((CACHE_DIR_VARIABLE, cache_dir),)
+    outcome = run_local(plan, workdir,
+                        dataclasses.replace(Options.standard(concurrency), env=cache))
     print("\n".join(outcome_lines(outcome, plan, workdir)))
     if not outcome.ok:
         return None
@@ -199,10 +206,10 @@ def step_share_line(shares: dict[str, dict]) -> str:
     sweep, pilot = shares["sweep"], shares["pilot"]
     met = sweep["share_of_runs"] >= STEP_SHARE
     return (f"target {'met' if met else 'missed'}: train steps at least {STEP_SHARE:.0%} of the "
-            f"runs' own wall time: {sweep['share_of_runs']:.0%} ({sweep['step_s']:.0f} s of "
+            f"runs' own wall time: {sweep['share_of_runs']:.1%} ({sweep['step_s']:.0f} s of "
             f"steps / {sweep['runs_wall_s']:.0f} s over {sweep['runs']} runs, of which "
             f"{sweep['compile_s']:.0f} s compiling train steps; the pilot's "
-            f"{pilot['share_of_runs']:.0%} over {pilot['runs']})")
+            f"{pilot['share_of_runs']:.1%} over {pilot['runs']})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -223,8 +230,12 @@ def run(args: argparse.Namespace) -> int:
     # The sweep is planned once: the pilot's prediction reads its design, and it runs as planned.
     plan = plan_file(spec)
     pilot_spec = f"{sweep}:pilot"
+    # One compilation cache for the pilot and the sweep (the sweep's own, workdir/jax_cache):
+    # the pilot's two shapes are two of the sweep's trunks, whose first runs then load the
+    # train, init and evaluation programs the pilot compiled instead of compiling them again.
+    cache_dir = os.path.join(workdir, "jax_cache")
     pilot_rows = _sweep_and_collect(pilot_spec, plan_file(pilot_spec),
-                                    os.path.join(workdir, "pilot"), args.concurrency)
+                                    os.path.join(workdir, "pilot"), args.concurrency, cache_dir)
     if pilot_rows is None:
         return 1
     limit = pilot_lib.NOISE_LIMIT if args.noise_limit is None else args.noise_limit
@@ -235,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pilot or not pilot.resolved:
         return 0
 
-    rows = _sweep_and_collect(spec, plan, workdir, args.concurrency)
+    rows = _sweep_and_collect(spec, plan, workdir, args.concurrency, cache_dir)
     if rows is None:
         return 1
     checks_json = os.path.join(workdir, "checks.json")

@@ -52,10 +52,13 @@ def command(run: PlannedRun, workdir: str, train_command: Sequence[str]) -> list
     return [*train_command, *run.train_args(rundirs.run_dir(workdir, run.run_id))]
 
 
+CACHE_DIR_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+
+
 def cache_env(workdir: str) -> dict[str, str]:
     """JAX's persistent compilation cache, shared by all runs of the sweep. Tiny CPU steps
     compile in under a second, below JAX's default threshold for caching, hence the zero."""
-    return {"JAX_COMPILATION_CACHE_DIR": os.path.join(workdir, "jax_cache"),
+    return {CACHE_DIR_VARIABLE: os.path.join(workdir, "jax_cache"),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
