@@ -11,9 +11,9 @@ by tens of milliseconds from run to run, only ever upwards (a collection, a page
 process), which at the tiny scale once made a 25-step run cost more than a 75-step one, and
 in CI (2026-12-07) made the loop's CPU time for 75 steps less than for 25 (a per-step figure
 of -0.48 ms): measured here, one length's thread time moves by 0.1 s between runs, while 50
-steps add about 0.05 s. So the tiny scale runs 100 and 300 steps (0.16 s of CPU time apart,
-measured the same way, each length the least of 4 runs), and each run starts after a garbage
-collection, so the previous run's garbage is not collected inside the next one's timing.
+steps add about 0.05 s. So the tiny scale runs 100 and 300 steps (0.16 s of CPU time apart
+here, the least of four runs of each), and each run starts after a garbage collection, so the
+previous run's garbage is not collected inside the next one's timing.
 
 The figure is the CPU time of the trainer's own thread a step (`time.thread_time`): the work an
 accelerator's host does for each step, which must stay below the device step for the device

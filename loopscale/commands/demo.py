@@ -6,9 +6,10 @@ runs/demo/pilot.json; above 0.05 nats the demo stops with "not resolved at this 
 prints no exponents) -> sweep (sweeps/isoflop_cpu.py: Base and Looped-MoE at three budgets;
 `--full`: all four families) -> collect (runs/demo/results.csv) -> report (fit + figures in
 runs/demo/report/), and runs/demo/checks.json: what the design assumed, measured (the IsoFLOP
-curvature per family and budget, the share of MoE token assignments dropped). Each step is
-what the subcommand of the same name runs (the same library calls, printed as that command), so
-an interrupted demo resumes where it stopped and a finished one only redraws the report.
+curvature per family and budget, the share of MoE token assignments dropped, the train steps'
+share of the runs' own wall time, sweep/time_budget.py). Each step is what the subcommand of
+the same name runs (the same library calls, printed as that command), so an interrupted demo
+resumes where it stopped and a finished one only redraws the report.
 
 It runs from any directory: the default sweep is the checkout's sweeps/isoflop_cpu.py (the one
 beside the package, installed editable with `pip install -e`), and --workdir is relative to the
