@@ -234,9 +234,9 @@ def run(args: argparse.Namespace) -> int:
     # One compilation cache for the pilot and the sweep (the sweep's own, workdir/jax_cache):
     # the pilot's two shapes are two of the sweep's trunks, whose first runs then load the
     # train, init and evaluation programs the pilot compiled instead of compiling them again.
-    cache_dir = os.path.join(workdir, "jax_cache")
-    pilot_rows = _sweep_and_collect(pilot_spec, plan_file(pilot_spec),
-                                    os.path.join(workdir, "pilot"), args.concurrency, cache_dir)
+    cache_dir, pilot_dir = os.path.join(workdir, "jax_cache"), os.path.join(workdir, "pilot")
+    pilot_rows = _sweep_and_collect(pilot_spec, plan_file(pilot_spec), pilot_dir,
+                                    args.concurrency, cache_dir)
     if pilot_rows is None:
         return 1
     limit = pilot_lib.NOISE_LIMIT if args.noise_limit is None else args.noise_limit
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     checks_json = os.path.join(workdir, "checks.json")
     checks = {"curvature_assumed": args.curvature, "curvature_measured": measured_curvature(rows),
               "moe_dropped_frac": dropped_share(rows),
-              "train_step_share": {"pilot": time_budget.runs_share(os.path.join(workdir, "pilot")),
+              "train_step_share": {"pilot": time_budget.runs_share(pilot_dir),
                                    "sweep": time_budget.runs_share(workdir)}}
     write_json(checks_json, checks)
 
