@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loopscale.commands.demo import (dropped_share, headline, measured_curvature,
-                                     step_share_line, targets)
+                                     step_share_line, targets, why_missed)
 from loopscale.errors import UsageError
 from loopscale.scaling import pilot as pilot_lib
 
@@ -131,6 +131,39 @@ def test_targets_judge_the_fit_as_the_issue_states_them():
                         "not identified (40% of refits failed), spline 0.600")
     assert "by approach 3 1.320 (error +0.020)" in lines[2]
     assert lines[3] == "looped_moe: held-out 1e+12 not checked (minimum on the edge)"
+
+
+def test_a_missed_interval_target_says_why_from_the_measured_figures():
+    def fam(a_ci, alpha_ci, rho):
+        return {"fitted_flops": [5e10, 5e11],
+                "parametric": {"a": 0.5, "a_ci": a_ci, "alpha_ci": alpha_ci,
+                               "beta_ci": [0.3, 0.5], "not_identified": {},
+                               "bootstrap": {"alpha_beta_spearman": rho, "clusters": 8}}}
+    doc = {"families": {"base": fam([0.3, 0.7], [0.3, 1.2], 0.91),
+                        "moe": fam([0.3, 0.5], [0.2, 0.9], 0.2),
+                        "looped": fam([0.3, 0.5], [0.3, 0.4], 0.95)}}  # both met: no line
+    lines = why_missed(doc, a_half_width=0.1)
+    # 0.4 wide: 0.3 needs (4/3)^2 = 1.8x the trunks, or 4/3 decades: 10^(1/3) = 2.2x the
+    # largest budget.
+    assert lines[0] == (
+        "why (a): base's a interval is 0.400 wide, 2.0x the 0.200 the pilot's seed noise alone "
+        "allows; approach 3 fitted five parameters over 1.00 decades of compute (5e+10 to "
+        "5e+11 FLOPs). 0.3 wide needs, if the interval narrows as 1/sqrt(trunks), 1.8x the "
+        "number of its 8 trunks (more seeds a point), or, if as 1/(decades spanned), 1.33 "
+        "decades: a largest budget of 1.1e+12 FLOPs, 2.2x this one with the smallest kept (both "
+        "rates assumed, not measured here)")
+    assert lines[1:] == [
+        "why (alpha, beta): base's alpha and beta have rank correlation +0.91 across the "
+        "bootstrap: they trade off along a ridge these runs do not resolve, while a = "
+        "beta/(alpha+beta) is held better",
+        "why (alpha, beta): moe's alpha and beta have rank correlation +0.20 across the "
+        "bootstrap (under 0.7: not a ridge; each is loosely held on its own)"]
+    doc["families"]["base"]["parametric"].update(
+        a_ci=None, not_identified={"a": "not identified (12% of refits failed)"})
+    assert why_missed(doc, None)[0] == ("why (a): base's a has no interval: not identified "
+                                        "(12% of refits failed)")
+    doc["families"]["base"]["parametric"]["a_ci"] = [0.4, 0.6]  # met: no line for a
+    assert not [line for line in why_missed(doc, 0.1) if line.startswith("why (a)")]
 
 
 def test_the_step_share_target_reads_the_sweeps_runs():

@@ -179,6 +179,18 @@ def test_a_figure_failing_in_over_a_tenth_of_resamples_is_not_identified(n_nan, 
     assert boot.interval("b") is not None  # the other figure keeps its interval
 
 
+def test_rank_correlation_reads_the_resamples_where_both_figures_are_finite():
+    x = np.array([1.0, 2.0, 3.0, 4.0, np.nan, 5.0])
+    boot = Bootstrap(6, 0, 0.95, {"alpha": x, "beta": np.array([2.0, 4.0, 5.0, 9.0, 0.0, 10.0]),
+                                  "down": -x, "flat": np.ones(6)})
+    assert boot.rank_correlation("alpha", "beta") == pytest.approx(1.0)  # the NaN row left out
+    assert boot.rank_correlation("alpha", "down") == pytest.approx(-1.0)
+    assert boot.rank_correlation("alpha", "flat") is None  # a constant has no rank order
+    assert boot.rank_correlation("alpha", "missing") is None
+    two = Bootstrap(2, 0, 0.95, {"alpha": np.array([1.0, 2.0]), "beta": np.array([3.0, 1.0])})
+    assert two.rank_correlation("alpha", "beta") is None  # under 3 resamples
+
+
 def test_failed_refits_count_against_every_figure():
     calls = iter(range(100))
 

@@ -76,6 +76,7 @@ def test_intervals_say_their_unit_and_failures(fitted):
         assert fam["isoflop"]["counts"]["params"] == "params"
         assert fam["parametric"]["residual_sd"] < 0.01  # 0.1% noise on losses near 2
         assert fam["fitted_flops"] == pytest.approx([1e18, 1e20])
+        assert -1.0 <= fam["parametric"]["bootstrap"]["alpha_beta_spearman"] <= 1.0
 
 
 def test_recurrence_law_across_loop_counts(fitted, tmp_path):

@@ -38,6 +38,10 @@ from loopscale import checkout
 CURVATURE = 0.12
 # Issue #21: the train steps' share of the runs' own wall time (sweep/time_budget.py).
 STEP_SHARE = 0.70
+# Issue #21's interval targets: Base's a narrower than A_WIDTH, alpha and beta than
+# EXPONENT_WIDTH. A bootstrap rank correlation of alpha and beta from RIDGE up reads as a ridge.
+A_WIDTH, EXPONENT_WIDTH = 0.3, 0.5
+RIDGE = 0.7
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -186,13 +190,13 @@ def targets(doc: dict, reference: str = "base") -> list[str]:
         par = fams[reference]["parametric"]
         a_ci = par.get("a_ci")
         out.append((f"{reference}'s a (approach 3): 95% interval narrower than 0.3 inside (0, 1)",
-                    a_ci is not None and _width(a_ci) < 0.3 and 0 < a_ci[0] and a_ci[1] < 1,
+                    a_ci is not None and _width(a_ci) < A_WIDTH and 0 < a_ci[0] < a_ci[1] < 1,
                     _figure(par, "a")))
     for name, fam in fams.items():
         par = fam["parametric"]
         widths = [_width(par.get(f"{k}_ci")) for k in ("alpha", "beta")]
         out.append((f"{name}: parametric alpha and beta intervals narrower than 0.5",
-                    max(widths) < 0.5, f"alpha {_figure(par, 'alpha')}, beta "
+                    max(widths) < EXPONENT_WIDTH, f"alpha {_figure(par, 'alpha')}, beta "
                                        f"{_figure(par, 'beta')}"))
     for name, f in (doc.get("holdout") or {}).get("families", {}).items():
         error = f.get("error_parametric")
@@ -200,6 +204,48 @@ def targets(doc: dict, reference: str = "base") -> list[str]:
                     "(approach 3)", error is not None and abs(error) <= 0.03,
                     "not checked" if error is None else f"error {error:+.3f}"))
     return [f"target {'met' if ok else 'missed'}: {what}: {figure}" for what, ok, figure in out]
+
+
+def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -> list[str]:
+    """For each missed interval target, why, from the measured figures: how much of a's
+    interval the pilot's seed noise explains, the compute span and trunks the fit had and what
+    the target would need of either (at a stated, assumed rate), and how alpha and beta move
+    together across the bootstrap."""
+    fams, out = doc["families"], []
+    par = fams.get(reference, {}).get("parametric")
+    a_ci = None if par is None else par.get("a_ci")
+    if par is not None and a_ci is None:
+        out.append(f"why (a): {reference}'s a has no interval: "
+                   f"{par.get('not_identified', {}).get('a') or par.get('skipped') or 'no fit'}")
+    elif a_ci is not None and _width(a_ci) >= A_WIDTH:
+        width, (low, high) = _width(a_ci), fams[reference]["fitted_flops"]
+        decades, factor = math.log10(high / low), width / A_WIDTH
+        clusters = (par.get("bootstrap") or {}).get("clusters")
+        noise = ("" if a_half_width is None else
+                 f", {width / (2 * a_half_width):.1f}x the {2 * a_half_width:.3f} the pilot's "
+                 "seed noise alone allows")
+        trunks = "" if clusters is None else f" of its {clusters} trunks"
+        out.append(
+            f"why (a): {reference}'s a interval is {width:.3f} wide{noise}; approach 3 fitted "
+            f"five parameters over {decades:.2f} decades of compute ({low:.2g} to {high:.2g} "
+            f"FLOPs). {A_WIDTH} wide needs, if the interval narrows as 1/sqrt(trunks), "
+            f"{factor ** 2:.1f}x the number{trunks} (more seeds a point), or, if as "
+            f"1/(decades spanned), {decades * factor:.2f} decades: a largest budget of "
+            f"{low * 10 ** (decades * factor):.2g} FLOPs, {10 ** (decades * (factor - 1)):.1f}x "
+            "this one with the smallest kept (both rates assumed, not measured here)")
+    for name, fam in fams.items():
+        p = fam["parametric"]
+        if max(_width(p.get(f"{k}_ci")) for k in ("alpha", "beta")) < EXPONENT_WIDTH:
+            continue
+        rho = (p.get("bootstrap") or {}).get("alpha_beta_spearman")
+        if rho is None:
+            continue
+        ridge = (": they trade off along a ridge these runs do not resolve, while a = "
+                 "beta/(alpha+beta) is held better" if rho >= RIDGE else
+                 f" (under {RIDGE}: not a ridge; each is loosely held on its own)")
+        out.append(f"why (alpha, beta): {name}'s alpha and beta have rank correlation "
+                   f"{rho:+.2f} across the bootstrap{ridge}")
+    return out
 
 
 def step_share_line(shares: dict[str, dict]) -> str:
@@ -266,7 +312,8 @@ def run(args: argparse.Namespace) -> int:
     warnings, lines = written.lines()
     for line in warnings:
         sys.stderr.write(f"loopscale report: warning: {line}\n")
-    print("\n".join(lines + headline(written.doc) + targets(written.doc)))
+    print("\n".join(lines + headline(written.doc) + targets(written.doc)
+                     + why_missed(written.doc, record.get("a_half_width"))))
     print(f"the design's assumptions, measured ({checks_json}): IsoFLOP curvature c2 (assumed "
           f"{args.curvature:g} nats per (ln N)^2) {json.dumps(checks['curvature_measured'])}; "
           f"share of MoE token assignments dropped {json.dumps(checks['moe_dropped_frac'])}")

@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from scipy.stats import spearmanr
 
 Figures = Mapping[str, float]
 
@@ -138,6 +139,18 @@ class Bootstrap:
         if values is None or self.not_identified(name):
             return None
         return percentile_interval(values, self.level)
+
+    def rank_correlation(self, x: str, y: str) -> float | None:
+        """Spearman's rank correlation of figures `x` and `y` across the resamples where both
+        are finite (None under 3 such resamples, or when either is constant there): how the
+        two move together, e.g. a parametric fit's alpha and beta trading off along a ridge."""
+        a, b = self.samples.get(x), self.samples.get(y)
+        if a is None or b is None:
+            return None
+        keep = np.isfinite(a) & np.isfinite(b)
+        if keep.sum() < 3 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
+            return None
+        return float(spearmanr(a[keep], b[keep]).statistic)
 
     def intervals(self) -> dict[str, tuple[float, float] | None]:
         return {name: self.interval(name) for name in self.samples}

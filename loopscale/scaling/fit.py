@@ -405,8 +405,11 @@ def _family_json(fam: FamilyFit, result: FitResult) -> dict[str, Any]:
         converged=None if pfit is None else pfit.n_converged, grid=result.options.grid,
         counts=_counts(result),
         skipped=fam.parametric_skipped,
-        bootstrap=None if pboot is None else {**pboot.to_json(),
-                                               "warm_starts": len(pfit.warm_starts)})
+        bootstrap=None if pboot is None else {
+            **pboot.to_json(), "warm_starts": len(pfit.warm_starts),
+            # How alpha and beta move together across the resamples: near +1 they trade off
+            # along a ridge the runs cannot resolve, while a = beta/(alpha+beta) is held better.
+            "alpha_beta_spearman": pboot.rank_correlation("alpha", "beta")})
     return {"runs": fam.n_runs, "max_flops": fam.max_flops,
             "fitted_flops": list(fam.fitted_range()), "isoflop": isoflop,
             "parametric": parametric}
