@@ -162,6 +162,10 @@ def test_a_missed_interval_target_says_why_from_the_measured_figures():
         a_ci=None, not_identified={"a": "not identified (12% of refits failed)"})
     assert why_missed(doc, None)[0] == ("why (a): base's a has no interval: not identified "
                                         "(12% of refits failed)")
+    doc["families"]["base"]["parametric"]["a_ci"] = [-0.05, 0.2]  # narrow, but not in (0, 1)
+    assert why_missed(doc, 0.1)[0] == ("why (a): base's a interval [-0.050, 0.200] reaches "
+                                       "outside (0, 1), the range of beta/(alpha+beta) for "
+                                       "positive exponents")
     doc["families"]["base"]["parametric"]["a_ci"] = [0.4, 0.6]  # met: no line for a
     assert not [line for line in why_missed(doc, 0.1) if line.startswith("why (a)")]
 

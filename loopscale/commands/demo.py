@@ -189,13 +189,14 @@ def targets(doc: dict, reference: str = "base") -> list[str]:
     if reference in fams:
         par = fams[reference]["parametric"]
         a_ci = par.get("a_ci")
-        out.append((f"{reference}'s a (approach 3): 95% interval narrower than 0.3 inside (0, 1)",
+        out.append((f"{reference}'s a (approach 3): 95% interval narrower than {A_WIDTH} inside "
+                    "(0, 1)",
                     a_ci is not None and _width(a_ci) < A_WIDTH and 0 < a_ci[0] < a_ci[1] < 1,
                     _figure(par, "a")))
     for name, fam in fams.items():
         par = fam["parametric"]
         widths = [_width(par.get(f"{k}_ci")) for k in ("alpha", "beta")]
-        out.append((f"{name}: parametric alpha and beta intervals narrower than 0.5",
+        out.append((f"{name}: parametric alpha and beta intervals narrower than {EXPONENT_WIDTH}",
                     max(widths) < EXPONENT_WIDTH, f"alpha {_figure(par, 'alpha')}, beta "
                                        f"{_figure(par, 'beta')}"))
     for name, f in (doc.get("holdout") or {}).get("families", {}).items():
@@ -233,6 +234,9 @@ def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -
             f"1/(decades spanned), {decades * factor:.2f} decades: a largest budget of "
             f"{low * 10 ** (decades * factor):.2g} FLOPs, {10 ** (decades * (factor - 1)):.1f}x "
             "this one with the smallest kept (both rates assumed, not measured here)")
+    elif a_ci is not None and not 0 < a_ci[0] < a_ci[1] < 1:
+        out.append(f"why (a): {reference}'s a interval [{a_ci[0]:.3f}, {a_ci[1]:.3f}] reaches "
+                   "outside (0, 1), the range of beta/(alpha+beta) for positive exponents")
     for name, fam in fams.items():
         p = fam["parametric"]
         if max(_width(p.get(f"{k}_ci")) for k in ("alpha", "beta")) < EXPONENT_WIDTH:
