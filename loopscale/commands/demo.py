@@ -177,6 +177,18 @@ def _width(ci: list | None) -> float:
     return math.inf if ci is None else ci[1] - ci[0]
 
 
+def _a_met(a_ci: list | None) -> bool:
+    """Issue #21's target on the reference family's a: an interval narrower than A_WIDTH
+    inside (0, 1)."""
+    return a_ci is not None and _width(a_ci) < A_WIDTH and 0 < a_ci[0] < a_ci[1] < 1
+
+
+def _exponents_met(par: dict) -> bool:
+    """Issue #21's target on a family's parametric alpha and beta: both intervals narrower
+    than EXPONENT_WIDTH."""
+    return max(_width(par.get(f"{k}_ci")) for k in ("alpha", "beta")) < EXPONENT_WIDTH
+
+
 def targets(doc: dict, reference: str = "base") -> list[str]:
     """Issue #21's targets for the demo, each judged on the fit as `met` or `missed` with the
     measured figure: what a researcher would accept at this scale."""
@@ -191,13 +203,11 @@ def targets(doc: dict, reference: str = "base") -> list[str]:
         a_ci = par.get("a_ci")
         out.append((f"{reference}'s a (approach 3): 95% interval narrower than {A_WIDTH} inside "
                     "(0, 1)",
-                    a_ci is not None and _width(a_ci) < A_WIDTH and 0 < a_ci[0] < a_ci[1] < 1,
-                    _figure(par, "a")))
+                    _a_met(a_ci), _figure(par, "a")))
     for name, fam in fams.items():
         par = fam["parametric"]
-        widths = [_width(par.get(f"{k}_ci")) for k in ("alpha", "beta")]
         out.append((f"{name}: parametric alpha and beta intervals narrower than {EXPONENT_WIDTH}",
-                    max(widths) < EXPONENT_WIDTH, f"alpha {_figure(par, 'alpha')}, beta "
+                    _exponents_met(par), f"alpha {_figure(par, 'alpha')}, beta "
                                        f"{_figure(par, 'beta')}"))
     for name, f in (doc.get("holdout") or {}).get("families", {}).items():
         error = f.get("error_parametric")
@@ -215,10 +225,12 @@ def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -
     fams, out = doc["families"], []
     par = fams.get(reference, {}).get("parametric")
     a_ci = None if par is None else par.get("a_ci")
-    if par is not None and a_ci is None:
+    if par is None or _a_met(a_ci):
+        pass  # no reference family, or its target met: nothing to explain
+    elif a_ci is None:
         out.append(f"why (a): {reference}'s a has no interval: "
                    f"{par.get('not_identified', {}).get('a') or par.get('skipped') or 'no fit'}")
-    elif a_ci is not None and _width(a_ci) >= A_WIDTH:
+    elif _width(a_ci) >= A_WIDTH:
         width, (low, high) = _width(a_ci), fams[reference]["fitted_flops"]
         decades, factor = math.log10(high / low), width / A_WIDTH
         clusters = (par.get("bootstrap") or {}).get("clusters")
@@ -234,12 +246,12 @@ def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -
             f"1/(decades spanned), {decades * factor:.2f} decades: a largest budget of "
             f"{low * 10 ** (decades * factor):.2g} FLOPs, {10 ** (decades * (factor - 1)):.1f}x "
             "this one with the smallest kept (both rates assumed, not measured here)")
-    elif a_ci is not None and not 0 < a_ci[0] < a_ci[1] < 1:
+    else:  # narrow enough, but reaching outside (0, 1)
         out.append(f"why (a): {reference}'s a interval [{a_ci[0]:.3f}, {a_ci[1]:.3f}] reaches "
                    "outside (0, 1), the range of beta/(alpha+beta) for positive exponents")
     for name, fam in fams.items():
         p = fam["parametric"]
-        if max(_width(p.get(f"{k}_ci")) for k in ("alpha", "beta")) < EXPONENT_WIDTH:
+        if _exponents_met(p):
             continue
         rho = (p.get("bootstrap") or {}).get("alpha_beta_spearman")
         if rho is None:
