@@ -135,7 +135,7 @@ def test_targets_judge_the_fit_as_the_issue_states_them():
 
 def test_a_missed_interval_target_says_why_from_the_measured_figures():
     def fam(a_ci, alpha_ci, rho):
-        return {"fitted_flops": [5e10, 5e11],
+        return {"fitted_flops": [5e10, 5e11], "isoflop": {"minima": []},
                 "parametric": {"a": 0.5, "a_ci": a_ci, "alpha_ci": alpha_ci,
                                "beta_ci": [0.3, 0.5], "not_identified": {},
                                "bootstrap": {"alpha_beta_spearman": rho, "clusters": 8}}}
@@ -168,6 +168,49 @@ def test_a_missed_interval_target_says_why_from_the_measured_figures():
                                        "positive exponents")
     doc["families"]["base"]["parametric"]["a_ci"] = [0.4, 0.6]  # met: no line for a
     assert not [line for line in why_missed(doc, 0.1) if line.startswith("why (a)")]
+
+
+def test_a_minimum_that_is_not_interior_says_why_and_where_it_sits():
+    def minimum(budget, used, reason=None, on_edge=False, centring=None):
+        return {"budget": budget, "sizes": 5, "used": used, "reason": reason,
+                "on_edge": on_edge, "grid_dex": 0.9, "centring": centring}
+    doc = {"families": {"moe": {"isoflop": {"minima": [
+        minimum(5e10, True, centring=0.5),  # interior: no line
+        minimum(5e11, False, "minimum on the edge of the size grid (lowest loss at the largest "
+                "size)", on_edge=True, centring=0.93),
+        minimum(1e12, False, "loss is not convex in ln(params)"),
+        minimum(2e12, False, "minimum on the edge of the size grid (fitted minimum at or beyond "
+                "the smallest size)", on_edge=True, centring=-0.2)]},
+        "parametric": {"alpha_ci": [0.3, 0.4], "beta_ci": [0.3, 0.4]}}}}
+    assert targets(doc)[0] == ("target missed: interior minimum at every budget for every "
+                               "family: not at moe 5e+11, moe 1e+12, moe 2e+12")
+    assert why_missed(doc, None) == [
+        "why (interior): moe 5e+11: minimum on the edge of the size grid (lowest loss at the "
+        "largest size); its 5 sizes span 0.90 decades of parameters, the fitted minimum at 0.93 "
+        "of that span (0: the smallest size, 1: the largest): a size beyond the largest would "
+        "bracket it",
+        "why (interior): moe 1e+12: loss is not convex in ln(params)",
+        "why (interior): moe 2e+12: minimum on the edge of the size grid (fitted minimum at or "
+        "beyond the smallest size); its 5 sizes span 0.90 decades of parameters, the fitted "
+        "minimum at -0.20 of that span (0: the smallest size, 1: the largest): a size beyond the "
+        "smallest would bracket it"]
+
+
+def test_a_missed_held_out_prediction_says_why():
+    fam = {"isoflop": {"minima": []}, "parametric": {"alpha_ci": [0.3, 0.4],
+                                                     "beta_ci": [0.3, 0.4]}}
+    doc = {"families": {"base": fam, "moe": fam, "looped": fam},
+           "holdout": {"budget": 5e11, "families": {
+               "base": {"error_parametric": 0.012, "error_parametric_ci": [-0.01, 0.04]},
+               "moe": {"error_parametric": None, "observed_reason": "minimum on the edge"},
+               "looped": {"error_parametric": -0.05, "error_parametric_ci": [-0.08, -0.02]}}}}
+    verdicts = [line for line in targets(doc) if "held-out" in line]
+    assert [line.split(":")[0] for line in verdicts] == [
+        "target met", "target missed", "target missed"]
+    assert [line for line in why_missed(doc, None) if line.startswith("why (held-out)")] == [
+        "why (held-out): moe's 5e+11 not checked: minimum on the edge",
+        "why (held-out): looped's approach-3 error at 5e+11 is -0.050, its interval [-0.080, "
+        "-0.020]: the law fitted below that budget misses it"]
 
 
 def test_the_step_share_target_reads_the_sweeps_runs():

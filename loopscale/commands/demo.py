@@ -42,6 +42,7 @@ STEP_SHARE = 0.70
 # EXPONENT_WIDTH. A bootstrap rank correlation of alpha and beta from RIDGE up reads as a ridge.
 A_WIDTH, EXPONENT_WIDTH = 0.3, 0.5
 RIDGE = 0.7
+HELD_OUT_ERROR = 0.03  # nats: the held-out budget's L_opt, predicted by approach 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -211,18 +212,35 @@ def targets(doc: dict, reference: str = "base") -> list[str]:
                                        f"{_figure(par, 'beta')}"))
     for name, f in (doc.get("holdout") or {}).get("families", {}).items():
         error = f.get("error_parametric")
-        out.append((f"{name}: held-out largest budget's L_opt predicted within 0.03 nats "
-                    "(approach 3)", error is not None and abs(error) <= 0.03,
+        out.append((f"{name}: held-out largest budget's L_opt predicted within "
+                    f"{HELD_OUT_ERROR} nats (approach 3)",
+                    error is not None and abs(error) <= HELD_OUT_ERROR,
                     "not checked" if error is None else f"error {error:+.3f}"))
     return [f"target {'met' if ok else 'missed'}: {what}: {figure}" for what, ok, figure in out]
 
 
+def _why_not_interior(family: str, m: dict) -> str:
+    """Why a budget's minimum is not an interior one, from its fit.json record: the reason
+    budget_minima gave and, for a minimum on the grid's edge, where the grid sits around it."""
+    line = f"why (interior): {family} {m['budget']:g}: {m.get('reason') or 'not used'}"
+    dex, centring = m.get("grid_dex"), m.get("centring")
+    if not m.get("on_edge") or dex is None or centring is None or not math.isfinite(centring):
+        return line
+    side = "largest" if "largest" in (m.get("reason") or "") else "smallest"
+    return (f"{line}; its {m['sizes']} sizes span {dex:.2f} decades of parameters, the fitted "
+            f"minimum at {centring:.2f} of that span (0: the smallest size, 1: the largest): "
+            f"a size beyond the {side} would bracket it")
+
+
 def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -> list[str]:
-    """For each missed interval target, why, from the measured figures: how much of a's
+    """For each missed target of the fit, why, from the measured figures: what kept each
+    budget's minimum from being interior and where it sits in the grid; how much of a's
     interval the pilot's seed noise explains, the compute span and trunks the fit had and what
     the target would need of either (at a stated, assumed rate), and how alpha and beta move
     together across the bootstrap."""
-    fams, out = doc["families"], []
+    fams = doc["families"]
+    out = [_why_not_interior(name, m) for name, fam in fams.items()
+           for m in fam["isoflop"].get("minima", []) if not m["used"]]
     par = fams.get(reference, {}).get("parametric")
     a_ci = None if par is None else par.get("a_ci")
     if par is None or _a_met(a_ci):
@@ -261,6 +279,16 @@ def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -
                  f" (under {RIDGE}: not a ridge; each is loosely held on its own)")
         out.append(f"why (alpha, beta): {name}'s alpha and beta have rank correlation "
                    f"{rho:+.2f} across the bootstrap{ridge}")
+    held = doc.get("holdout") or {}
+    for name, f in held.get("families", {}).items():
+        error, ci = f.get("error_parametric"), f.get("error_parametric_ci")
+        if error is None:
+            why = f.get("skipped") or f.get("observed_reason") or "approach 3 has no prediction"
+            out.append(f"why (held-out): {name}'s {held['budget']:g} not checked: {why}")
+        elif abs(error) > HELD_OUT_ERROR:
+            spread = "" if ci is None else f", its interval [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            out.append(f"why (held-out): {name}'s approach-3 error at {held['budget']:g} is "
+                       f"{error:+.3f}{spread}: the law fitted below that budget misses it")
     return out
 
 
