@@ -194,6 +194,12 @@ def test_a_minimum_that_is_not_interior_says_why_and_where_it_sits():
         "beyond the smallest size); its 5 sizes span 0.90 decades of parameters, the fitted "
         "minimum at -0.20 of that span (0: the smallest size, 1: the largest): a size beyond the "
         "smallest would bracket it"]
+    # A reason that names no side: the side is read from where the minimum sits.
+    edge = minimum(5e11, False, "minimum on the edge", on_edge=True, centring=1.1)
+    doc["families"]["moe"]["isoflop"]["minima"] = [edge]
+    assert why_missed(doc, None)[0].endswith("at 1.10 of that span (0: the smallest size, 1: "
+                                             "the largest): a size beyond the largest would "
+                                             "bracket it")
 
 
 def test_a_missed_held_out_prediction_says_why():
@@ -209,8 +215,11 @@ def test_a_missed_held_out_prediction_says_why():
         "target met", "target missed", "target missed"]
     assert [line for line in why_missed(doc, None) if line.startswith("why (held-out)")] == [
         "why (held-out): moe's 5e+11 not checked: minimum on the edge",
-        "why (held-out): looped's approach-3 error at 5e+11 is -0.050, its interval [-0.080, "
-        "-0.020]: the law fitted below that budget misses it"]
+        "why (held-out): looped's approach-3 error at 5e+11 is -0.050; its interval [-0.080, "
+        "-0.020] excludes 0: the law from the smaller budgets under-predicts this one"]
+    doc["holdout"]["families"]["looped"]["error_parametric_ci"] = [-0.08, 0.01]
+    assert why_missed(doc, None)[-1].endswith(
+        "is -0.050; its interval [-0.080, +0.010] holds 0: a miss within the fit's own noise")
 
 
 def test_the_step_share_target_reads_the_sweeps_runs():

@@ -226,7 +226,9 @@ def _why_not_interior(family: str, m: dict) -> str:
     dex, centring = m.get("grid_dex"), m.get("centring")
     if not m.get("on_edge") or dex is None or centring is None or not math.isfinite(centring):
         return line
-    side = "largest" if "largest" in (m.get("reason") or "") else "smallest"
+    reason = m.get("reason") or ""
+    named = [side for side in ("smallest", "largest") if side in reason]
+    side = named[0] if named else ("largest" if centring > 0.5 else "smallest")
     return (f"{line}; its {m['sizes']} sizes span {dex:.2f} decades of parameters, the fitted "
             f"minimum at {centring:.2f} of that span (0: the smallest size, 1: the largest): "
             f"a size beyond the {side} would bracket it")
@@ -286,9 +288,18 @@ def why_missed(doc: dict, a_half_width: float | None, reference: str = "base") -
             why = f.get("skipped") or f.get("observed_reason") or "approach 3 has no prediction"
             out.append(f"why (held-out): {name}'s {held['budget']:g} not checked: {why}")
         elif abs(error) > HELD_OUT_ERROR:
-            spread = "" if ci is None else f", its interval [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            # The error is predicted - observed: a positive one predicts a higher loss.
+            way = "over" if error > 0 else "under"
+            if ci is None:
+                noise = "no interval to say whether the bootstrap's noise covers it"
+            elif ci[0] <= 0.0 <= ci[1]:
+                noise = (f"its interval [{ci[0]:+.3f}, {ci[1]:+.3f}] holds 0: a miss within "
+                         "the fit's own noise")
+            else:
+                noise = (f"its interval [{ci[0]:+.3f}, {ci[1]:+.3f}] excludes 0: the law from "
+                         f"the smaller budgets {way}-predicts this one")
             out.append(f"why (held-out): {name}'s approach-3 error at {held['budget']:g} is "
-                       f"{error:+.3f}{spread}: the law fitted below that budget misses it")
+                       f"{error:+.3f}; {noise}")
     return out
 
 
