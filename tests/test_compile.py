@@ -11,6 +11,7 @@ import pytest
 
 from loopscale import cli
 from loopscale.aot import compile as aot
+from loopscale.aot import kept
 from loopscale.aot import topology
 from loopscale.config import load_config, parse
 from loopscale.config.schema import MeshConfig
@@ -114,10 +115,11 @@ def test_activation_constraints_split_the_batch_under_fsdp():
 
 # --- `loopscale compile`. ---
 
-def test_compile_command_prints_the_report(capsys):
-    code = cli.main(["compile", "--config=experiments/looped.py:tiny", "--topology=v5p:2x2x2",
-                     "--config.train.batch_size=16", "--config.mesh.fsdp=-1",
-                     "--config.mesh.data=1"])
+def test_compile_command_prints_the_report(capsys, tmp_path, monkeypatch):
+    argv = ["compile", "--config=experiments/looped.py:tiny", "--topology=v5p:2x2x2",
+            "--config.train.batch_size=16", "--config.mesh.fsdp=-1", "--config.mesh.data=1",
+            f"--compile-cache={tmp_path}"]
+    code = cli.main(argv)
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert (out["chips"], out["device_kind"], out["mesh"]["fsdp"]) == (8, "TPU v5", 8)
@@ -134,6 +136,49 @@ def test_compile_command_prints_the_report(capsys):
     # less the optimiser and elementwise work the model count leaves out (within 2x).
     assert out["xla_flops_per_chip"] * 8 == pytest.approx(out["model_flops_per_step"], rel=1.0)
     assert out["collectives"]["all-gather"]["count"] > 0  # FSDP gathers its parameters
+
+    # Again with the figures kept: the same report, and nothing compiled (the real step and
+    # the cost's shallow points each read back from the folder).
+    def no_compile(*_):
+        raise AssertionError("compiled a program whose figures were kept")
+
+    monkeypatch.setattr(aot, "compile_lowered", no_compile)
+    assert cli.main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again.pop("compile_time_s") > 0
+    assert again == {k: v for k, v in out.items() if k != "compile_time_s"}
+    assert len(list(tmp_path.glob("*.json"))) == 5  # the scanned step + 4 shallow points
+
+
+def test_kept_figures_are_named_by_program_devices_flags_and_reading(v5p8, tmp_path):
+    text = aot.lower(_config("base"), v5p8)[0].as_text()
+    other = aot.lower(_config("base", "--config.train.batch_size=16"), v5p8)[0].as_text()
+    names = {kept.key("memory", text, v5p8, {}), kept.key("memory", other, v5p8, {}),
+             kept.key("cost", text, v5p8, {}), kept.key("memory", text, v5p8[:4], {}),
+             kept.key("memory", text, v5p8, {"xla_tpu_enable_async_all_gather": True})}
+    jax.config.update("jax_exec_time_optimization_effort", -0.5)
+    try:
+        names.add(kept.key("memory", text, v5p8, {}))
+    finally:
+        jax.config.update("jax_exec_time_optimization_effort", 0.0)
+    assert len(names) == 6
+    assert kept.key("memory", text, v5p8, {}) == kept.key("memory", text, v5p8, {})
+
+    class Lowered:  # a stand-in: figures() reads only its text
+        def as_text(self):
+            return text
+
+    def fails():
+        raise RuntimeError("not a lack of memory")
+
+    with kept.kept_in(tmp_path), pytest.raises(RuntimeError):
+        kept.figures("memory", Lowered(), v5p8, {}, fails)
+    assert not list(tmp_path.iterdir())  # a failed compile is not kept
+    with kept.kept_in(tmp_path):
+        assert kept.figures("memory", Lowered(), v5p8, {}, lambda: {"total": 7}) == {"total": 7}
+        assert kept.figures("memory", Lowered(), v5p8, {}, fails) == {"total": 7}
+    with pytest.raises(RuntimeError):  # no folder: nothing is read
+        kept.figures("memory", Lowered(), v5p8, {}, fails)
 
 
 def test_a_step_that_does_not_fit_exits_1_and_says_what_it_needs(capsys):

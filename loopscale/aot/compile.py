@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopscale import flops as flops_lib
-from loopscale.aot import topology
+from loopscale.aot import kept, topology
 from loopscale.aot.steps import MEASURE_STEPS
 from loopscale.config import Config
 from loopscale.config.schema import DType, FFNKind, FlopConvention
@@ -127,11 +127,14 @@ def lower(config: Config, devices, step: str = "train"):
         return eval_fn.lower(state.params, batch), s
 
 
+def _options(devices) -> dict:
+    return xla_flags.compiler_options(next(iter(devices)).platform)
+
+
 def compile_lowered(lowered, devices):
     """The lowered step compiled with the flags of its devices' platform, as a launched run
     compiles it (none on a CPU)."""
-    platform = next(iter(devices)).platform
-    return lowered.compile(compiler_options=xla_flags.compiler_options(platform))
+    return lowered.compile(compiler_options=_options(devices))
 
 
 def memory(compiled) -> dict:
@@ -248,15 +251,21 @@ def _figures(config: Config, devices, step: str, kernels: dict) -> dict[str, flo
     XLA cannot price are added to `kernels`. Micro-batches are unrolled, so that all count."""
     with step_lib.unrolled_micro_batches():
         lowered, _ = lower(config, devices, step)
-    compiled = compile_lowered(lowered, devices)
-    cost = _cost(compiled)
-    hlo = compiled.as_text()
-    coll = collectives(hlo)
-    kernels.update(unpriced_kernels(hlo))
-    return {"flops": float(cost.get("flops", 0.0)), "kernel_flops": declared_kernel_flops(hlo),
+
+    def read() -> dict:
+        compiled = compile_lowered(lowered, devices)
+        cost = _cost(compiled)
+        hlo = compiled.as_text()
+        coll = collectives(hlo)
+        return {"kernels": unpriced_kernels(hlo), "figures": {
+            "flops": float(cost.get("flops", 0.0)), "kernel_flops": declared_kernel_flops(hlo),
             "seconds": float(cost.get("optimal_seconds", 0.0)),
             **{f"{op}/{key}": float(coll[op][key]) for op in COLLECTIVES
-               for key in ("count", "bytes")}}
+               for key in ("count", "bytes")}}}
+
+    got = kept.figures("cost", lowered, devices, _options(devices), read)
+    kernels.update(got["kernels"])
+    return got["figures"]
 
 
 def step_cost(config: Config, devices, step: str = "train") -> dict:
@@ -325,22 +334,27 @@ def compile_step(config: Config, devices, step: str = "train") -> dict:
     it needs, the arguments from their shardings (`memory_per_chip.from_error` is then true)."""
     t0 = time.perf_counter()
     lowered, s = lower(config, devices, step)
-    overlap = None
-    try:
-        compiled = compile_lowered(lowered, devices)
-        mem, overlap = memory(compiled), async_collectives(compiled.as_text())
-    except jax.errors.JaxRuntimeError as e:
-        need = _OOM_RE.search(str(e))
-        if not need:
-            raise
-        state = trainer.abstract_state(s)
-        args = _shard_bytes((state if step == "train" else state.params,
-                             abstract_batch(config, s.batch_sharding)))
-        temps = int(float(need.group(1)) * 2**30)
-        mem = {"arguments": args, "outputs": None, "aliased": None, "temporaries": temps,
-               "code": None, "total": args + temps, "from_error": True}
-    return {"mesh": dict(s.mesh.shape), "memory_per_chip": mem, "async_collectives": overlap,
-            "compile_time_s": time.perf_counter() - t0}
+
+    def read() -> dict:
+        try:
+            compiled = compile_lowered(lowered, devices)
+        except jax.errors.JaxRuntimeError as e:
+            need = _OOM_RE.search(str(e))
+            if not need:
+                raise
+            state = trainer.abstract_state(s)
+            args = _shard_bytes((state if step == "train" else state.params,
+                                 abstract_batch(config, s.batch_sharding)))
+            temps = int(float(need.group(1)) * 2**30)
+            return {"memory_per_chip": {"arguments": args, "outputs": None, "aliased": None,
+                                        "temporaries": temps, "code": None,
+                                        "total": args + temps, "from_error": True},
+                    "async_collectives": None}
+        return {"memory_per_chip": memory(compiled),
+                "async_collectives": async_collectives(compiled.as_text())}
+
+    got = kept.figures("memory", lowered, devices, _options(devices), read)
+    return {"mesh": dict(s.mesh.shape), **got, "compile_time_s": time.perf_counter() - t0}
 
 
 @dataclasses.dataclass(frozen=True)

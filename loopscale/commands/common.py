@@ -64,3 +64,10 @@ def fit_options_args(args: argparse.Namespace) -> dict:
     return {"bootstrap": args.bootstrap, "seed": args.seed, "level": args.level,
             "spline": args.spline, "grid": args.grid, "holdout": args.holdout,
             "e_bounds": bounds}
+
+
+def add_cache_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile-cache", default="", metavar="DIR",
+                        help="keep each compiled program's figures in DIR and read them back "
+                        "instead of compiling the same program again (loopscale/aot/kept.py): "
+                        "an interrupted sizing goes on where it stopped")

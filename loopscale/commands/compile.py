@@ -24,7 +24,7 @@ import json
 import sys
 
 from loopscale.aot.steps import STEPS
-from loopscale.commands.common import add_config_arg, load_experiment
+from loopscale.commands.common import add_cache_arg, add_config_arg, load_experiment
 from loopscale.errors import UsageError
 from loopscale.rundir.status import ExitCode
 
@@ -41,11 +41,13 @@ def register(subparsers) -> None:
                    help="train, eval, or eval:NAME, a loopscale eval measurement's device step")
     p.add_argument("--no-cost", dest="cost", action="store_false",
                    help="skip XLA's cost estimate (flops, step time, MFU, collectives)")
+    add_cache_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from loopscale.aot import compile as aot
+    from loopscale.aot import kept
 
     config = load_experiment(args)
     if args.topology:
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--slices needs --topology")
     else:
         target = aot.local_target(config.train.peak_flops, config.model.dtype)
-    out = aot.report(config, target, args.step, cost=args.cost)
+    with kept.kept_in(args.compile_cache or None):
+        out = aot.report(config, target, args.step, cost=args.cost)
     print(json.dumps(out, indent=2))
     if out["fits"] is False:
         need = out["memory_per_chip"]["total"] / 1e9

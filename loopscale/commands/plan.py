@@ -24,6 +24,8 @@ import argparse
 import sys
 from collections import Counter, defaultdict
 
+from loopscale.commands.common import add_cache_arg
+
 # A run's fixed cost before its first step, assumed (not measured): starting the process,
 # compiling the train and eval steps, restoring; the issue that motivated packing put it at
 # "minutes" on a TPU host.
@@ -42,6 +44,7 @@ def add_sweep_arg(parser: argparse.ArgumentParser) -> None:
                         help="TPU slice, e.g. v5p-128: compile each distinct shape for it to "
                         "find the chips each run needs and its step time (slow: minutes for "
                         "paper-size shapes)")
+    add_cache_arg(parser)
     parser.add_argument("--startup-s", type=float, default=STARTUP_S, metavar="SECONDS",
                         help="with --topology: a run's start-up (process, compile, restore) "
                         f"in the wall-time estimates (default {STARTUP_S:g}, assumed)")
@@ -69,7 +72,7 @@ def size(args: argparse.Namespace, result):
     otherwise None."""
     if not args.topology:
         return None
-    from loopscale.aot import topology
+    from loopscale.aot import kept, topology
     from loopscale.errors import UsageError
     from loopscale.sweep import packing, sizing
 
@@ -83,7 +86,8 @@ def size(args: argparse.Namespace, result):
 
     log(f"compiling the train step of each distinct shape for {slc.name} (tiny shapes take "
         "seconds, paper-size ones minutes)")
-    sized = sizing.size_plan(result, slc, log)
+    with kept.kept_in(args.compile_cache or None):
+        sized = sizing.size_plan(result, slc, log)
     for note in sized.plan.notes[len(result.notes):]:
         sys.stderr.write(f"loopscale {args.command}: note: {note}\n")
     return sized
