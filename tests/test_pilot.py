@@ -171,16 +171,16 @@ def test_a_missed_interval_target_says_why_from_the_measured_figures():
 
 
 def test_a_minimum_that_is_not_interior_says_why_and_where_it_sits():
-    def minimum(budget, used, reason=None, on_edge=False, centring=None):
+    def minimum(budget, used, reason=None, edge=None, centring=None):
         return {"budget": budget, "sizes": 5, "used": used, "reason": reason,
-                "on_edge": on_edge, "grid_dex": 0.9, "centring": centring}
+                "on_edge": edge is not None, "edge": edge, "grid_dex": 0.9, "centring": centring}
     doc = {"families": {"moe": {"isoflop": {"minima": [
         minimum(5e10, True, centring=0.5),  # interior: no line
         minimum(5e11, False, "minimum on the edge of the size grid (lowest loss at the largest "
-                "size)", on_edge=True, centring=0.93),
+                "size)", edge="largest", centring=0.93),
         minimum(1e12, False, "loss is not convex in ln(params)"),
         minimum(2e12, False, "minimum on the edge of the size grid (fitted minimum at or beyond "
-                "the smallest size)", on_edge=True, centring=-0.2)]},
+                "the smallest size)", edge="smallest", centring=-0.2)]},
         "parametric": {"alpha_ci": [0.3, 0.4], "beta_ci": [0.3, 0.4]}}}}
     assert targets(doc)[0] == ("target missed: interior minimum at every budget for every "
                                "family: not at moe 5e+11, moe 1e+12, moe 2e+12")
@@ -194,9 +194,15 @@ def test_a_minimum_that_is_not_interior_says_why_and_where_it_sits():
         "beyond the smallest size); its 5 sizes span 0.90 decades of parameters, the fitted "
         "minimum at -0.20 of that span (0: the smallest size, 1: the largest): a size beyond the "
         "smallest would bracket it"]
-    # A reason that names no side: the side is read from where the minimum sits.
-    edge = minimum(5e11, False, "minimum on the edge", on_edge=True, centring=1.1)
-    doc["families"]["moe"]["isoflop"]["minima"] = [edge]
+    # The end is fit.json's `edge`, wherever the fitted minimum sits (here the lowest loss at
+    # the smallest size, the parabola's vertex past the middle) ...
+    lowest = minimum(5e11, False, "minimum on the edge", edge="smallest", centring=0.6)
+    doc["families"]["moe"]["isoflop"]["minima"] = [lowest]
+    assert why_missed(doc, None)[0].endswith("a size beyond the smallest would bracket it")
+    # ... and in a fit.json written before it had `edge`, read from where the minimum sits.
+    older = minimum(5e11, False, "minimum on the edge", edge="smallest", centring=1.1)
+    del older["edge"]
+    doc["families"]["moe"]["isoflop"]["minima"] = [older]
     assert why_missed(doc, None)[0].endswith("at 1.10 of that span (0: the smallest size, 1: "
                                              "the largest): a size beyond the largest would "
                                              "bracket it")

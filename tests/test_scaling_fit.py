@@ -58,7 +58,9 @@ def test_fit_json_schema(fitted):
         assert low <= high
     minimum = fam["isoflop"]["minima"][0]
     assert {"budget", "params_opt", "params_opt_ci", "tokens_opt", "loss_opt", "on_edge",
-            "used", "params_unique_opt"} <= set(minimum)
+            "edge", "used", "params_unique_opt"} <= set(minimum)
+    assert minimum["edge"] in (None, "smallest", "largest")
+    assert (minimum["edge"] is not None) == minimum["on_edge"]
     assert fam["parametric"]["alpha"] == pytest.approx(ALPHA, abs=0.02)
 
 

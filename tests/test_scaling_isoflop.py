@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from loopscale import checkout
+from loopscale.scaling.budget_minima import Edge
 from loopscale.scaling.isoflop import (
     assign_budgets,
     bootstrap_isoflop,
@@ -78,6 +79,7 @@ def test_edge_minima_are_flagged_and_left_out():
     edge = [m for m in fit.minima if m.on_edge]
     assert [m.budget for m in edge] == [c.max()]
     assert not edge[0].used and "edge" in edge[0].reason
+    assert edge[0].edge is Edge.LARGEST  # every size too small: the optimum lies beyond
     assert fit.n_used == 5
     assert fit.laws.a == pytest.approx(A_TRUE, abs=0.01)
 
@@ -86,7 +88,7 @@ def test_lowest_loss_at_an_end_size_is_an_edge_too():
     n = np.logspace(8, 9, 5)
     loss = np.array([3.0, 3.01, 3.05, 3.12, 3.2])  # still falling at the smallest size
     m = find_minimum(1e19, n, 1e19 / (6 * n), loss)
-    assert m.on_edge and not m.used
+    assert m.on_edge and not m.used and m.edge is Edge.SMALLEST
 
 
 def test_non_convex_budget_is_not_used():

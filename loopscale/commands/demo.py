@@ -232,9 +232,8 @@ def _why_not_interior(family: str, m: dict) -> str:
     dex, centring = m.get("grid_dex"), m.get("centring")
     if not m.get("on_edge") or dex is None or centring is None or not math.isfinite(centring):
         return line
-    reason = m.get("reason") or ""
-    named = [side for side in ("smallest", "largest") if side in reason]
-    side = named[0] if named else ("largest" if centring > 0.5 else "smallest")
+    # fit.json names the end; one written before it did (2026-12-07) gives where it sits.
+    side = m.get("edge") or ("largest" if centring > 0.5 else "smallest")
     return (f"{line}; its {m['sizes']} sizes span {dex:.2f} decades of parameters, the fitted "
             f"minimum at {centring:.2f} of that span (0: the smallest size, 1: the largest): "
             f"a size beyond the {side} would bracket it")

@@ -53,6 +53,7 @@ isoflop.refit_under_convention fits the laws against it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 import numpy as np
@@ -62,6 +63,13 @@ BUDGET_TOLERANCE_DEX = 0.02
 SPLINE_MIN_SIZES = 5
 SPLINE_GRID = 2001
 WEIGHT_RESAMPLES = 200  # budget_spread's resamples of one budget
+
+
+class Edge(enum.Enum):
+    """The end of a budget's size grid that its minimum is on (module docstring)."""
+
+    SMALLEST = "smallest"
+    LARGEST = "largest"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +82,7 @@ class BudgetMinimum:
     tokens_opt: float
     loss_opt: float
     params_unique_opt: float  # NaN without a params_unique column
-    on_edge: bool
+    edge: Edge | None  # which end of the size grid the minimum is on; None: not on an edge
     used: bool  # enters the power laws
     reason: str | None  # why not used
     # Standard deviations of ln N_opt, ln D_opt, ln L_opt over resamples of this budget's runs
@@ -88,6 +96,10 @@ class BudgetMinimum:
     # The other estimator on the same runs (find_minimum(alternative=True), find_minima):
     alt_method: str | None = None  # "spline" or "parabola"; None when not computed
     alt: BudgetMinimum | None = None  # its minimum; None when it cannot be computed
+
+    @property
+    def on_edge(self) -> bool:
+        return self.edge is not None
 
     @property
     def alt_params_opt(self) -> float:
@@ -217,10 +229,11 @@ def _locate_minimum(common: dict, x: np.ndarray, sizes: np.ndarray, inverse: np.
         # A flat, poorly fitted parabola can dip below zero between the sizes: no minimum.
         return _no_minimum(common, x, loss, "fitted minimum loss is not positive")
     if clipped or not low < x_opt < high:
-        side = "smallest" if x_opt <= 0.5 * (sizes[0] + sizes[-1]) else "largest"
-        edge = f"fitted minimum at or beyond the {side} size"
+        edge = Edge.SMALLEST if x_opt <= 0.5 * (sizes[0] + sizes[-1]) else Edge.LARGEST
+        why = f"fitted minimum at or beyond the {edge.value} size"
     elif bracket is None and lowest in (0, sizes.size - 1):
-        edge = f"lowest loss at the {'smallest' if lowest == 0 else 'largest'} size"
+        edge = Edge.SMALLEST if lowest == 0 else Edge.LARGEST
+        why = f"lowest loss at the {edge.value} size"
     else:
         edge = None
     log_nd = np.mean(x + np.log(tokens))
@@ -231,8 +244,8 @@ def _locate_minimum(common: dict, x: np.ndarray, sizes: np.ndarray, inverse: np.
     return BudgetMinimum(
         **common, method=method, params_opt=float(np.exp(x_opt)),
         tokens_opt=float(np.exp(log_nd - x_opt)), loss_opt=loss_opt,
-        params_unique_opt=unique_opt, on_edge=edge is not None, used=edge is None,
-        reason=None if edge is None else f"minimum on the edge of the size grid ({edge})")
+        params_unique_opt=unique_opt, edge=edge, used=edge is None,
+        reason=None if edge is None else f"minimum on the edge of the size grid ({why})")
 
 
 def _no_minimum(common: dict, x: np.ndarray, loss: np.ndarray, reason: str) -> BudgetMinimum:
@@ -240,7 +253,7 @@ def _no_minimum(common: dict, x: np.ndarray, loss: np.ndarray, reason: str) -> B
     best = int(np.argmin(loss))
     return BudgetMinimum(**common, method="parabola", params_opt=float(np.exp(x[best])),
                          tokens_opt=math.nan, loss_opt=float(loss[best]),
-                         params_unique_opt=math.nan, on_edge=False, used=False, reason=reason)
+                         params_unique_opt=math.nan, edge=None, used=False, reason=reason)
 
 
 def find_minima(budgets: np.ndarray, params: np.ndarray, tokens: np.ndarray, loss: np.ndarray,

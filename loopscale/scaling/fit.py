@@ -45,7 +45,8 @@ that could not be fitted is null. Numbers are plain JSON floats.
                          "runs", or trunks with their branches), clusters, stratified}
                        minima: [{budget, runs, sizes, method, params_opt, tokens_opt,
                                  loss_opt (each with _ci), not_identified,
-                                 params_unique_opt, on_edge, used, reason, centring (0:
+                                 params_unique_opt, on_edge, edge ("smallest",
+                                 "largest" or null: which end), used, reason, centring (0:
                                  smallest size, 1: largest), grid_dex, alt_method,
                                  alt_params_opt, alt_loss_opt, alt_used,
                                  sd_log_params/tokens/loss (weighted fits)}]
@@ -445,8 +446,8 @@ def _minimum_json(i: int, m: iso.BudgetMinimum, boot: Bootstrap | None,
     out["not_identified"] = {k: v for k, v in why.items() if v}
     if result.table.has_unique:
         out["params_unique_opt"] = m.params_unique_opt
-    out.update(on_edge=m.on_edge, used=m.used, reason=m.reason, centring=m.centring,
-               grid_dex=m.grid_dex, alt_method=m.alt_method, alt_params_opt=m.alt_params_opt,
+    out.update(on_edge=m.on_edge, edge=None if m.edge is None else m.edge.value, used=m.used,
+               reason=m.reason, centring=m.centring, grid_dex=m.grid_dex, alt_method=m.alt_method, alt_params_opt=m.alt_params_opt,
                alt_loss_opt=m.alt_loss_opt, alt_used=m.alt_used)
     if result.options.weighted:
         out.update(sd_log_params=m.sd_log_params, sd_log_tokens=m.sd_log_tokens,
