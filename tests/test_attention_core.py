@@ -14,6 +14,7 @@ import pytest
 from helpers import init_params, tiny_model_config, tokens
 
 from loopscale.aot import compile as aot
+from loopscale.aot import hlo as hlo_lib
 from loopscale.aot import topology
 from loopscale.config import AttentionImpl, load_config, parse
 from loopscale.config.schema import MeshConfig
@@ -154,9 +155,9 @@ def test_splash_compiled_for_a_tpu_keeps_no_scores_and_says_it_is_not_priced():
         compiled = lowered.compile()
         temps[impl], hlo[impl] = aot.memory(compiled)["temporaries"], compiled.as_text()
     assert "f32[4,2,1024,1024]" in hlo["xla"] and "f32[4,2,1024,1024]" not in hlo["splash"]
-    assert aot.unpriced_kernels(hlo["xla"]) == {}
+    assert hlo_lib.unpriced_kernels(hlo["xla"]) == {}
     kernel = "Pallas TPU kernel (splash attention, megablox)"
-    assert aot.unpriced_kernels(hlo["splash"]) == {kernel: 3}
+    assert hlo_lib.unpriced_kernels(hlo["splash"]) == {kernel: 3}
     scores = config.model.n_unique * 4 * 2 * 1024 * 1024 * 4
     assert temps["xla"] - temps["splash"] >= scores, temps
     cost = aot.step_cost(config, devices)

@@ -11,6 +11,7 @@ import pytest
 
 from loopscale import cli
 from loopscale.aot import compile as aot
+from loopscale.aot import hlo as hlo_lib
 from loopscale.aot import kept
 from loopscale.aot import topology
 from loopscale.config import load_config, parse
@@ -69,7 +70,7 @@ HLO = """
 
 
 def test_collectives_are_read_from_hlo():
-    got = aot.collectives(HLO)
+    got = hlo_lib.collectives(HLO)
     assert got["all-reduce"] == {"count": 1, "bytes": 4 * 8 * 4 + 16 * 2}  # the whole tuple
     assert got["all-gather"] == {"count": 1, "bytes": 16 * 8 * 4}  # the result, once
     assert got["reduce-scatter"] == {"count": 1, "bytes": 8}

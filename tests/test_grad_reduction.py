@@ -10,6 +10,7 @@ import pytest
 
 from loopscale import flops
 from loopscale.aot import compile as aot
+from loopscale.aot import hlo as hlo_lib
 from loopscale.aot import topology
 from loopscale.bench import steps
 from loopscale.config import GradReduction
@@ -32,7 +33,7 @@ def _collective_bytes(reduction: str, loops: int, accum: int = 1, dtype: str = "
         f"--config.model.n_loops={loops}", "--config.model.scan=false",
         f"--config.train.grad_accum={accum}", f"--config.model.dtype={dtype}"])
     lowered, _ = aot.lower(config, devices or jax.devices()[:8])
-    return {op: c["bytes"] for op, c in aot.collectives(lowered.compile().as_text()).items()}
+    return {op: c["bytes"] for op, c in hlo_lib.collectives(lowered.compile().as_text()).items()}
 
 
 def _all_reduce_bytes(*args, **kwargs) -> float:

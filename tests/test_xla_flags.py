@@ -7,6 +7,7 @@ the user's own."""
 import pytest
 
 from loopscale.aot import compile as aot
+from loopscale.aot import hlo as hlo_lib
 from loopscale.aot import topology
 from loopscale.config import load_config, parse
 from loopscale.parallel import xla_flags
@@ -36,7 +37,7 @@ def test_the_tpu_flags_overlap_collectives_with_compute(fsdp_step):
     """`loopscale compile`'s step (compile_step, with the flags) against the same lowered step
     compiled without them."""
     config, devices, lowered = fsdp_step
-    plain = aot.async_collectives(lowered.compile().as_text())
+    plain = hlo_lib.async_collectives(lowered.compile().as_text())
     flagged = aot.compile_step(config, devices)["async_collectives"]
     assert plain == {"pairs": 0, "with_compute_between": 0}
     assert flagged["pairs"] >= 4  # the four layers' gathers and scatters, at least
