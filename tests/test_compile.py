@@ -2,6 +2,7 @@
 names, reading the compiled program, activation constraints in effect, `loopscale compile`.
 Weak scaling per family is in test_weak_scaling.py (a file of its own: it is the slowest)."""
 
+import base64
 import dataclasses
 import json
 
@@ -164,6 +165,16 @@ def test_kept_figures_are_named_by_program_devices_flags_and_reading(v5p8, tmp_p
         jax.config.update("jax_exec_time_optimization_effort", 0.0)
     assert len(names) == 6
     assert kept.key("memory", text, v5p8, {}) == kept.key("memory", text, v5p8, {})
+
+    # A Pallas kernel's body names its source files by absolute path: where the checkout is
+    # does not change the name, what the kernel holds does.
+    def kernel(path, op="tpu.matmul"):
+        body = base64.b64encode(f"{op}\x00\x07{path}/loopscale/model/moe.py\x00".encode())
+        return f'custom_call_config\\22: {{\\22body\\22: \\22{body.decode()}\\22}}'
+    assert (kept.key("memory", kernel("/work/main"), v5p8, {})
+            == kept.key("memory", kernel("/tmp/elsewhere/checkout"), v5p8, {}))
+    assert (kept.key("memory", kernel("/work/main"), v5p8, {})
+            != kept.key("memory", kernel("/work/main", "tpu.matmul_other"), v5p8, {}))
 
     class Lowered:  # a stand-in: figures() reads only its text
         def as_text(self):
