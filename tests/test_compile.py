@@ -171,10 +171,10 @@ def test_kept_figures_are_named_by_program_devices_flags_and_reading(v5p8, tmp_p
     def kernel(path, op="tpu.matmul"):
         body = base64.b64encode(f"{op}\x00\x07{path}/loopscale/model/moe.py\x00".encode())
         return f'custom_call_config\\22: {{\\22body\\22: \\22{body.decode()}\\22}}'
-    assert (kept.key("memory", kernel("/work/main"), v5p8, {})
-            == kept.key("memory", kernel("/tmp/elsewhere/checkout"), v5p8, {}))
-    assert (kept.key("memory", kernel("/work/main"), v5p8, {})
-            != kept.key("memory", kernel("/work/main", "tpu.matmul_other"), v5p8, {}))
+    assert (kept.key("memory", kernel("/home/a/checkout"), v5p8, {})
+            == kept.key("memory", kernel("/srv/b/elsewhere"), v5p8, {}))
+    assert (kept.key("memory", kernel("/home/a/checkout"), v5p8, {})
+            != kept.key("memory", kernel("/home/a/checkout", "tpu.matmul_other"), v5p8, {}))
 
     class Lowered:  # a stand-in: figures() reads only its text
         def as_text(self):
