@@ -15,7 +15,8 @@ no time (libtpu's cost model comes out negative for programs with sort or top_k 
 calls, which the model avoids, and for multi-slice programs), or one at or below zero, the runs of that shape are timed from the plan's analytic device hours
 (--peak-flops x --mfu) spread over their chips instead, and a note says so. A tiny shape
 compiles in seconds, a paper-size one in minutes, and every call compiles again (with
-JAX_COMPILATION_CACHE_DIR set, a second compile of a paper-size step took as long here).
+JAX_COMPILATION_CACHE_DIR set, a second compile of a paper-size step took as long here) unless
+the caller keeps the compiled figures (aot/kept.py, `--compile-cache`).
 """
 
 from __future__ import annotations
