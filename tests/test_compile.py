@@ -192,6 +192,20 @@ def test_kept_figures_are_named_by_program_devices_flags_and_reading(v5p8, tmp_p
     with pytest.raises(RuntimeError):  # no folder: nothing is read
         kept.figures("memory", Lowered(), v5p8, {}, fails)
 
+    # A file named the old way (the raw text, kernel paths and all) is found and renamed.
+    class WithKernel:
+        def as_text(self):
+            return kernel("/home/a/checkout")
+
+    old = kept.key("memory", WithKernel().as_text(), v5p8, {}, raw=True)
+    new = kept.key("memory", WithKernel().as_text(), v5p8, {})
+    assert old != new
+    (tmp_path / f"{old}.json").write_text(json.dumps({"figures": {"total": 9}}))
+    with kept.kept_in(tmp_path):
+        assert kept.figures("memory", WithKernel(), v5p8, {}, fails) == {"total": 9}
+    assert not (tmp_path / f"{old}.json").exists()
+    assert json.loads((tmp_path / f"{new}.json").read_text())["figures"] == {"total": 9}
+
 
 def test_a_step_that_does_not_fit_exits_1_and_says_what_it_needs(capsys):
     code = cli.main(["compile", "--config=experiments/base.py:tiny", "--topology=v5e:1x1",
