@@ -122,9 +122,10 @@ def figures(reading: str, lowered, devices, options: dict,
     kept = read_json(path)
     if kept is not None:
         return kept["figures"]
-    # A file named before kernels' paths were cut (the first half of the paper sweep's sizing,
-    # benchmarks/results/compile_cache) is found under the raw text's name, and renamed to the
-    # path-free one, so that from then on any checkout finds it.
+    # A file named before kernels' paths were cut (written 2026-12-07 before fc4d420) is found
+    # under the raw text's name and renamed to the path-free one, so that from then on any
+    # checkout finds it. benchmarks/results/compile_cache holds no such file any more (all were
+    # renamed this way); this lookup can go once no other folder does.
     raw = folder / f"{key(reading, text, devices, options, raw=True)}.json"
     kept = read_json(raw)
     if kept is not None:
