@@ -211,7 +211,8 @@ def _wait_for_step(workdir, step, proc, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
-        if os.path.exists(path) and any(r.get("step", 0) >= step for r in rows(workdir) if "loss" in r):
+        logged = rows(workdir, growing=True) if os.path.exists(path) else []
+        if any(r.get("step", 0) >= step for r in logged if "loss" in r):
             return
         time.sleep(0.05)
     raise AssertionError(f"step {step} never logged")

@@ -48,10 +48,15 @@ def run_cli(*args: str, env=None, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(loopscale_cmd(*args), capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def metric_rows(workdir) -> list[dict]:
-    """The rows of a run's metrics.jsonl (local or gs://)."""
+def metric_rows(workdir, growing: bool = False) -> list[dict]:
+    """The rows of a run's metrics.jsonl (local or gs://). `growing`: the file is being written
+    as it is read, so a last line without its newline is a row caught half-written (a reader
+    can see part of one write on Linux) and is left out; every other line must parse."""
     text = (epath.Path(workdir) / "metrics.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    lines = text.split("\n")
+    if growing:
+        lines = lines[:-1]  # "" after a final newline, else the half-written row
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def tensorboard_steps(workdir, tag: str) -> list[int]:
