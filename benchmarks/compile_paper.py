@@ -9,6 +9,16 @@ report per (experiment, step) is kept in --out, so an interrupted run resumes; t
 table (memory per chip, HBM share, estimated step time and MFU, collectives per step) is
 printed and written to --out/table.md. It should show every row fitting in at most 90% of HBM.
 Paper-size compiles take from seconds to a few minutes each here.
+
+With --chips, each train step is also sized as `loopscale plan --topology` sizes a sweep's
+runs (loopscale/sweep/sizing.py): the fewest chips of the topology it fits on at its own batch,
+on one host in micro-batches before it takes more hosts (column "chips a run"; "-" where not
+sized). Those compiles are of the real scanned step, minutes each at paper size; with
+--compile-cache (default: the paper sweep's kept figures, which hold the four families' d 896
+and 1024 steps) a program compiled before is read back instead.
+
+    .venv/bin/python benchmarks/compile_paper.py --topology=v5p-128 --out=runs/compile \
+        --steps=train --chips --only=base,looped,moe,looped_moe,isoflop_largest
 """
 
 from __future__ import annotations
@@ -38,7 +48,40 @@ EXPERIMENTS = {
 }
 
 
-def row(name: str, r: dict) -> str:
+def chips_cell(fit: dict | None) -> str:
+    """The fewest chips a run fits on, as sized: "4", or "4 (2 micro-batches; whole 8)" for
+    one host in micro-batches where the batch whole needs 8."""
+    if fit is None:
+        return "-"
+    if fit["chips"] is None:
+        return "none"
+    if fit["grad_accum"] is None:
+        return str(fit["chips"])
+    own = "" if fit["unpacked_chips"] is None else f"; whole {fit['unpacked_chips']}"
+    return f"{fit['chips']} ({fit['grad_accum']} micro-batches{own})"
+
+
+def sized(name: str, config, slc, out: str) -> dict:
+    """`config`'s train step sized for `slc` (sizing.fit_shape), kept in out/NAME.chips.json."""
+    from loopscale.sweep import sizing
+
+    path = os.path.join(out, f"{name}.chips.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    t0 = time.time()
+    fit = sizing.fit_shape(config, slc)
+    result = {"chips": fit.chips, "grad_accum": fit.grad_accum,
+              "unpacked_chips": fit.unpacked.chips if fit.unpacked else None,
+              "step_time_s": fit.step_time_s, "why": fit.why}
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
+    print(f"{name} chips: {chips_cell(result)} ({time.time() - t0:.0f} s)", flush=True)
+    return result
+
+
+def row(name: str, r: dict, fit: dict | None = None) -> str:
     mem = r["memory_per_chip"]
     coll = r["collectives"] or {}
     moved = sum(c["bytes"] for c in coll.values()) / 1e9
@@ -53,19 +96,25 @@ def row(name: str, r: dict) -> str:
     return (f"| {name} | {r['step']} | {r['global_batch']} | {mesh} | "
             f"{mem['arguments'] / 1e9:.1f} | {mem['temporaries'] / 1e9:.1f} | "
             f"{mem['total'] / 1e9:.1f} | {r['hbm_fraction']:.0%} | {time_s} | {mfu} | {maxtext} | "
-            f"{moved:.2f} GB ({kinds}) | {r['compile_time_s']:.0f} |")
+            f"{moved:.2f} GB ({kinds}) | {r['compile_time_s']:.0f} | {chips_cell(fit)} |")
 
 
 def main() -> None:
     topology.quiet_libtpu()
     from loopscale.aot import compile as aot
+    from loopscale.aot import kept
     from loopscale.config import load_config, parse
+    from loopscale.sweep import packing
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--topology", default="v5p-128")
     p.add_argument("--out", default="runs/compile")
     p.add_argument("--only", default="", help="comma-separated experiment names (default: all)")
     p.add_argument("--steps", default="train,eval")
+    p.add_argument("--chips", action="store_true",
+                   help="also size each train step: the fewest chips it fits on (slow)")
+    p.add_argument("--compile-cache", default="benchmarks/results/compile_cache/v5p-128",
+                   help="kept compiled figures for --chips (loopscale/aot/kept.py); '' for none")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = aot.tpu_target(args.topology)
@@ -74,8 +123,9 @@ def main() -> None:
              f"{target.hbm_bytes / 1e9:.1f} GB = {target.hbm_bytes / 2**30:.2f} GiB of HBM each; "
              "GB below are 1e9 bytes):", "",
              "| run | step | batch | mesh | params+opt GB | temporaries GB | total GB | HBM "
-             "| est. step s | est. MFU | est. MFU (MaxText) | collectives per step | compile s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| est. step s | est. MFU | est. MFU (MaxText) | collectives per step | compile s "
+             "| chips a run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name in names:
         experiment, overrides = EXPERIMENTS[name]
         for step in args.steps.split(","):
@@ -88,8 +138,13 @@ def main() -> None:
                     json.dump(report, f, indent=2)
                 os.replace(path + ".tmp", path)
                 print(f"{name} {step}: {time.time() - t0:.0f} s", flush=True)
+            fit = None
+            if args.chips and step == "train":
+                with kept.kept_in(args.compile_cache or None):
+                    fit = sized(name, parse(load_config(experiment, overrides)),
+                                packing.parse_slice(args.topology), args.out)
             with open(path) as f:
-                lines.append(row(name, json.load(f)))
+                lines.append(row(name, json.load(f), fit))
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table)
