@@ -14,11 +14,12 @@ With --chips, each train step is also sized as `loopscale plan --topology` sizes
 runs (loopscale/sweep/sizing.py): the fewest chips of the topology it fits on at its own batch,
 on one host in micro-batches before it takes more hosts (column "chips a run"; "-" where not
 sized). Those compiles are of the real scanned step, minutes each at paper size; with
---compile-cache (default: the paper sweep's kept figures, which hold the four families' d 896
-and 1024 steps) a program compiled before is read back instead.
+--compile-cache (default: the folder of kept v5p-128 figures) a program compiled before is read
+back instead. The paper sweep's own figures there do not serve these presets: their learning
+rates, a constant in the program, differ from the sweep's (measured 2026-12-08).
 
     .venv/bin/python benchmarks/compile_paper.py --topology=v5p-128 --out=runs/compile \
-        --steps=train --chips --only=base,looped,moe,looped_moe,isoflop_largest
+        --steps=train --chips --only=base,looped,moe,looped_moe,isoflop_largest,permutation
 """
 
 from __future__ import annotations
